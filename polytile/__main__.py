@@ -1,0 +1,5 @@
+import sys
+
+from polytile.cli import main
+
+sys.exit(main())

@@ -1,0 +1,173 @@
+"""define() and the Module object: the one place that wires the layers together.
+
+    mod = polytile.define(src)
+    y = mod.fcrelu(x, w, b)              # NumPy in, NumPy out
+    y = mod.fcrelu(x, w, b, out=y)       # write into caller-provided buffers
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from polytile import dtypes
+from polytile.errors import ArgumentError, PolytileError
+from polytile.lang.parser import parse
+from polytile.sema import program as P
+from polytile.sema import reference
+from polytile.sema.analyze import analyze
+from polytile.sema.specialize import Specialized, specialize
+
+BACKENDS = ("interp",)
+
+
+def define(source: str, backend: str = "interp", name: str = "<tc>") -> "Module":
+    """Parse and check TC source; the returned Module has one callable per `def`."""
+    if backend not in BACKENDS:
+        raise ArgumentError(f"unknown backend {backend!r}", hint=f"use one of {BACKENDS}")
+    program = analyze(parse(source, name))
+    return Module(source, program, backend)
+
+
+@dataclass
+class Module:
+    source: str
+    program: P.Program
+    backend: str
+    _functions: dict[str, "TCFunction"] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for fn in self.program.functions:
+            self._functions[fn.name] = TCFunction(fn, self.backend)
+
+    def __getattr__(self, name: str) -> "TCFunction":
+        functions = self.__dict__.get("_functions", {})
+        if name in functions:
+            return functions[name]
+        raise AttributeError(f"this TC source defines no function {name!r}; it defines "
+                             f"{', '.join(functions) or 'nothing'}")
+
+    def __getitem__(self, name: str) -> "TCFunction":
+        """For names that are not Python identifiers, e.g. mod["2LUT"]."""
+        try:
+            return self._functions[name]
+        except KeyError:
+            raise ArgumentError(f"this TC source defines no function {name!r}") from None
+
+    def __dir__(self) -> list[str]:
+        return list(self._functions) + list(super().__dir__())
+
+
+@dataclass
+class TCFunction:
+    fn: P.Function
+    backend: str
+    _specs: dict[tuple, Specialized] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return self.fn.name
+
+    def __call__(self, *args: Any, out: Any = None) -> Any:
+        inputs, scalars = self._bind_inputs(args)
+        shapes = {p.name: inputs[p.name].shape for p in self.fn.params if p.kind == "input"}
+        key = (tuple(shapes.values()), tuple(int(scalars[p.name]) for p in self.fn.params
+                                             if p.kind == "scalar" and p.dtype.is_integral))
+        spec = self._specs.get(key)
+        if spec is None:
+            spec = specialize(self.fn, shapes, scalars)
+            self._specs[key] = spec
+        outputs, user_out = self._bind_outputs(spec, out)
+        reference.run(spec, {**inputs, **scalars}, outputs)
+        results = []
+        for o in self.fn.outputs:
+            target = user_out.get(o.name)
+            if target is not None and target is not outputs[o.name]:
+                target[...] = outputs[o.name]
+                results.append(target)
+            else:
+                results.append(outputs[o.name])
+        return results[0] if len(results) == 1 else tuple(results)
+
+    # ------------------------------------------------------------ binding
+    def _bind_inputs(self, args: tuple[Any, ...]) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        params = self.fn.params
+        if len(args) != len(params):
+            names = ", ".join(p.name for p in params)
+            raise ArgumentError(f"{self.name} takes {len(params)} arguments ({names}), got "
+                                f"{len(args)}", self.fn.loc)
+        inputs: dict[str, np.ndarray] = {}
+        scalars: dict[str, Any] = {}
+        for p, value in zip(params, args):
+            if p.kind == "scalar":
+                scalars[p.name] = _scalar(p, value)
+            else:
+                inputs[p.name] = _array(p, value)
+        return inputs, scalars
+
+    def _bind_outputs(self, spec: Specialized, out: Any
+                      ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+        user = _out_mapping(self.fn, out)
+        outputs: dict[str, np.ndarray] = {}
+        for o in self.fn.outputs:
+            shape = spec.shape(o.name)
+            given = user.get(o.name)
+            if given is None:
+                if o.name in self.fn.inout:
+                    raise ArgumentError(
+                        f"{o.name} is read before it is written (an in/out output): pass its "
+                        f"initial value with out=", o.loc,
+                        "or start the reduction from its identity with +=!, *=!, min=!, max=!")
+                outputs[o.name] = np.zeros(shape, dtype=o.dtype.numpy)
+                continue
+            if not isinstance(given, np.ndarray):
+                raise ArgumentError(f"out= for {o.name} must be a NumPy array", o.loc)
+            if given.shape != shape or given.dtype != o.dtype.numpy:
+                raise ArgumentError(f"out= for {o.name} must have shape {shape} and dtype "
+                                    f"{o.dtype}, got {given.shape} {given.dtype}", o.loc)
+            outputs[o.name] = given if given.flags.writeable else given.copy()
+        return outputs, user
+
+
+def _out_mapping(fn: P.Function, out: Any) -> dict[str, np.ndarray]:
+    if out is None:
+        return {}
+    if isinstance(out, dict):
+        unknown = set(out) - {o.name for o in fn.outputs}
+        if unknown:
+            raise ArgumentError(f"out= names {sorted(unknown)}, which are not outputs of "
+                                f"{fn.name}")
+        return dict(out)
+    items = out if isinstance(out, (tuple, list)) else (out,)
+    if len(items) != len(fn.outputs):
+        raise ArgumentError(f"out= must give {len(fn.outputs)} arrays for "
+                            f"{', '.join(o.name for o in fn.outputs)}, got {len(items)}")
+    return {o.name: a for o, a in zip(fn.outputs, items) if a is not None}
+
+
+def _array(p: P.Tensor, value: Any) -> np.ndarray:
+    if hasattr(value, "__dlpack__") and not isinstance(value, np.ndarray):
+        value = np.from_dlpack(value)
+    if not isinstance(value, (np.ndarray, np.generic)):
+        raise ArgumentError(f"{p.name} must be a NumPy array of {p.dtype}, got "
+                            f"{type(value).__name__}", p.loc)
+    array = np.asarray(value)
+    if array.dtype != p.dtype.numpy:
+        raise ArgumentError(f"{p.name} must have dtype {p.dtype}, got {array.dtype}", p.loc,
+                            f"convert it with .astype(np.{p.dtype.numpy})")
+    return array
+
+
+def _scalar(p: P.Tensor, value: Any) -> Any:
+    if isinstance(value, np.ndarray) and value.ndim == 0:
+        value = value[()]
+    if not isinstance(value, (bool, int, float, np.generic)):
+        raise ArgumentError(f"{p.name} must be a {p.dtype} scalar, got "
+                            f"{type(value).__name__}", p.loc)
+    if p.dtype.is_integral and not float(value).is_integer():
+        raise ArgumentError(f"{p.name} must be an integer, got {value}", p.loc)
+    return p.dtype.numpy.type(value)
+
+
+__all__ = ["define", "Module", "TCFunction", "PolytileError", "dtypes"]

@@ -1,0 +1,69 @@
+"""The one place that reads POLYTILE_* environment variables.
+
+Everything else receives a `Config` explicitly, so a test (or a caller with two
+caches) builds its own instead of patching the environment, and importing polytile
+changes nothing:
+
+    config = load_config()                                   # from os.environ
+    config = Config(cache_dir=tmp_path / "cache")            # in a test
+    config = dataclasses.replace(load_config(), disable_disk_cache=True)
+
+| variable                  | field              | default                                  |
+| ------------------------- | ------------------ | ---------------------------------------- |
+| POLYTILE_CACHE_DIR        | cache_dir          | platformdirs.user_cache_dir("polytile")  |
+| POLYTILE_CC               | cc                 | None: `cc`, then `gcc`, then `clang` on PATH |
+| POLYTILE_TARGET           | target             | None: the best target the host supports  |
+| POLYTILE_NO_DISK_CACHE    | disable_disk_cache | off                                      |
+| POLYTILE_KEEP_BUILD_DIRS  | keep_build_dirs    | off                                      |
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping
+
+import platformdirs
+
+from polytile.errors import PolytileError
+
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"", "0", "false", "no", "off"})
+
+
+@dataclass(frozen=True)
+class Config:
+    cache_dir: Path
+    # None means "search PATH when a compiler is needed": the toolchain, not the
+    # configuration, decides, so an explicit POLYTILE_CC that is wrong is an error
+    # rather than a silent fallback to another compiler.
+    cc: str | None = None
+    target: str | None = None
+    disable_disk_cache: bool = False
+    # Keep build directories of failed builds (and of builds when the disk cache is
+    # off) so the generated C and the exact compiler command can be inspected.
+    keep_build_dirs: bool = False
+
+
+def load_config(environ: Mapping[str, str] | None = None) -> Config:
+    """A Config from `environ` (default: os.environ); unset or empty variables mean default."""
+    env = os.environ if environ is None else environ
+    cache_dir = env.get("POLYTILE_CACHE_DIR") or platformdirs.user_cache_dir("polytile")
+    return Config(
+        # Absolute now, so a later os.chdir cannot move the cache.
+        cache_dir=Path(os.path.abspath(os.path.expanduser(cache_dir))),
+        cc=env.get("POLYTILE_CC") or None,
+        target=env.get("POLYTILE_TARGET") or None,
+        disable_disk_cache=_flag(env, "POLYTILE_NO_DISK_CACHE"),
+        keep_build_dirs=_flag(env, "POLYTILE_KEEP_BUILD_DIRS"),
+    )
+
+
+def _flag(env: Mapping[str, str], name: str) -> bool:
+    value = env.get(name, "").strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise PolytileError(f"{name}={env[name]!r} is not a yes/no value",
+                        hint=f"set {name}=1 to turn it on or unset it to turn it off")

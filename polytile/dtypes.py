@@ -1,0 +1,96 @@
+"""Scalar types: TC spellings, NumPy and C equivalents, promotion."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import ml_dtypes
+import numpy as np
+
+
+@dataclass(frozen=True)
+class DType:
+    name: str          # canonical TC name, e.g. "float32"
+    kind: str          # "b" bool, "u" unsigned, "i" signed, "f" floating
+    bits: int
+    c_name: str        # C storage type
+    np_name: str
+
+    @property
+    def is_float(self) -> bool:
+        return self.kind == "f"
+
+    @property
+    def is_integral(self) -> bool:
+        return self.kind in "bui"
+
+    @property
+    def numpy(self) -> np.dtype:
+        if self.name == "bfloat16":
+            return np.dtype(ml_dtypes.bfloat16)
+        return np.dtype(self.np_name)
+
+    def __str__(self) -> str:
+        return self.name
+
+
+BOOL = DType("bool", "b", 8, "uint8_t", "bool")
+UINT8 = DType("uint8", "u", 8, "uint8_t", "uint8")
+UINT16 = DType("uint16", "u", 16, "uint16_t", "uint16")
+UINT32 = DType("uint32", "u", 32, "uint32_t", "uint32")
+UINT64 = DType("uint64", "u", 64, "uint64_t", "uint64")
+INT8 = DType("int8", "i", 8, "int8_t", "int8")
+INT16 = DType("int16", "i", 16, "int16_t", "int16")
+INT32 = DType("int32", "i", 32, "int32_t", "int32")
+INT64 = DType("int64", "i", 64, "int64_t", "int64")
+FLOAT16 = DType("float16", "f", 16, "uint16_t", "float16")
+BFLOAT16 = DType("bfloat16", "f", 16, "uint16_t", "bfloat16")
+FLOAT32 = DType("float32", "f", 32, "float", "float32")
+FLOAT64 = DType("float64", "f", 64, "double", "float64")
+
+ALL = (BOOL, UINT8, UINT16, UINT32, UINT64, INT8, INT16, INT32, INT64,
+       FLOAT16, BFLOAT16, FLOAT32, FLOAT64)
+
+_BY_NAME = {t.name: t for t in ALL}
+# The TC paper's spellings.
+_ALIASES = {"float": FLOAT32, "double": FLOAT64, "half": FLOAT16, "int": INT32,
+            "byte": UINT8, "long": INT64}
+
+TYPE_NAMES = frozenset(_BY_NAME) | frozenset(_ALIASES)
+
+
+def lookup(name: str) -> DType | None:
+    """The dtype a TC type name denotes, or None."""
+    return _BY_NAME.get(name) or _ALIASES.get(name)
+
+
+def from_numpy(dtype: np.dtype) -> DType | None:
+    dtype = np.dtype(dtype)
+    if dtype == np.dtype(ml_dtypes.bfloat16):
+        return BFLOAT16
+    return _BY_NAME.get(dtype.name)
+
+
+def promote(a: DType, b: DType) -> DType:
+    """Result type of a binary arithmetic operation: int -> float, the wider wins.
+
+    Mixed signed/unsigned integers of the same width widen to the next signed type
+    (as NumPy does); float16 with bfloat16 meets at float32.
+    """
+    if a == b:
+        return a
+    if a.is_float or b.is_float:
+        if a.is_float and b.is_float:
+            if a.bits == b.bits:   # float16 vs bfloat16
+                return FLOAT32
+            return a if a.bits > b.bits else b
+        return a if a.is_float else b
+    if a.kind == "b":
+        return b
+    if b.kind == "b":
+        return a
+    if a.kind == b.kind:
+        return a if a.bits >= b.bits else b
+    signed, unsigned = (a, b) if a.kind == "i" else (b, a)
+    if signed.bits > unsigned.bits:
+        return signed
+    return {8: INT16, 16: INT32, 32: INT64}.get(unsigned.bits, INT64)

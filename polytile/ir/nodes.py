@@ -1,0 +1,222 @@
+"""Stripe's nested polyhedral IR (Stripe §3.1-3.2), as frozen dataclasses.
+
+A `Block` is a parallel polyhedral block: named indices with ranges, affine
+constraints (each `expr >= 0`) over its own indices and the indices it received
+from its parent, refinements (views of parent buffers), a statement list that
+runs in order for each point of the iteration space, and tags.
+
+Semantics that every pass, the interpreter and the code generator share:
+
+* Iterations of one block are independent except through the aggregation
+  declared on an output refinement: `assign` means no element is written by two
+  iterations; `add|mul|min|max` combine each written value with the element's
+  current content (`C[i] = C[i] + v`).
+* A refinement `into` is a view of the parent's buffer `from_` whose origin is at
+  `access` (an affine offset per dimension, over the block's indices) and whose
+  dimensions have the given sizes and strides. Strides are in elements of the
+  underlying (top-level) buffer, so a view of a view keeps its parent's strides.
+  In the top-level block, `from_` is "" and the refinement is a function
+  parameter (`in|out|inout`) or a local allocation (`none`).
+* Scalars are named `$x`; each is assigned once per iteration.
+* `Load(into, ref, dynamic)` reads the element at the view's origin, plus, per
+  dimension, the integer value of scalar `dynamic[d]` when it is not None (a
+  data-dependent subscript; bounds-checked against the view's size at run time).
+* `LoadIndex(into, affine)` gives the value of an affine function of indices.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping, Union
+
+from polytile.dtypes import DType
+
+AGG_OPS = ("assign", "add", "mul", "min", "max")
+DIRECTIONS = ("in", "out", "inout", "none")
+
+
+@dataclass(frozen=True)
+class Affine:
+    """sum(coeff * index) + const, with terms sorted by index name and no zero coefficients."""
+
+    terms: tuple[tuple[str, int], ...] = ()
+    const: int = 0
+
+    @staticmethod
+    def of(terms: Mapping[str, int] | None = None, const: int = 0) -> "Affine":
+        items = tuple(sorted((k, v) for k, v in (terms or {}).items() if v != 0))
+        return Affine(items, const)
+
+    @staticmethod
+    def index(name: str) -> "Affine":
+        return Affine(((name, 1),), 0)
+
+    @staticmethod
+    def constant(value: int) -> "Affine":
+        return Affine((), value)
+
+    def coeff(self, name: str) -> int:
+        return dict(self.terms).get(name, 0)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(k for k, _ in self.terms)
+
+    def __add__(self, other: "Affine | int") -> "Affine":
+        if isinstance(other, int):
+            return Affine(self.terms, self.const + other)
+        merged = dict(self.terms)
+        for k, v in other.terms:
+            merged[k] = merged.get(k, 0) + v
+        return Affine.of(merged, self.const + other.const)
+
+    def __sub__(self, other: "Affine | int") -> "Affine":
+        return self + (-other if isinstance(other, int) else other.scale(-1))
+
+    def scale(self, factor: int) -> "Affine":
+        return Affine.of({k: v * factor for k, v in self.terms}, self.const * factor)
+
+    def substitute(self, values: Mapping[str, "Affine"]) -> "Affine":
+        result = Affine.constant(self.const)
+        for k, v in self.terms:
+            result = result + (values[k].scale(v) if k in values else Affine(((k, v),), 0))
+        return result
+
+    def evaluate(self, env: Mapping[str, int]) -> int:
+        return self.const + sum(v * env[k] for k, v in self.terms)
+
+    def __str__(self) -> str:
+        parts: list[str] = []
+        for name, c in self.terms:
+            mag = abs(c)
+            term = name if mag == 1 else f"{mag}*{name}"
+            parts.append(("- " if c < 0 else "+ ") + term if parts else ("-" if c < 0 else "") + term)
+        if self.const or not parts:
+            if parts:
+                parts.append(f"{'-' if self.const < 0 else '+'} {abs(self.const)}")
+            else:
+                parts.append(str(self.const))
+        return " ".join(parts)
+
+
+@dataclass(frozen=True)
+class Index:
+    """An iteration index. With `affine` set it is passed in from the parent:
+    its range is 1 and its value is `affine` over the parent's indices."""
+
+    name: str
+    range: int
+    affine: Affine | None = None
+
+
+@dataclass(frozen=True)
+class Dim:
+    size: int
+    stride: int
+
+
+@dataclass(frozen=True)
+class TensorShape:
+    dtype: DType
+    dims: tuple[Dim, ...]
+
+    @property
+    def sizes(self) -> tuple[int, ...]:
+        return tuple(d.size for d in self.dims)
+
+
+@dataclass(frozen=True)
+class Refinement:
+    dir: str                        # in | out | inout | none
+    from_: str                      # buffer in the parent's scope; "" at top level
+    into: str                       # name in this block
+    access: tuple[Affine, ...]      # origin of the view, one affine per dimension
+    shape: TensorShape
+    agg: str = "assign"             # assign | add | mul | min | max
+    location: str | None = None     # memory level, e.g. "stack"; None = wherever the parent has it
+
+
+# ---------------------------------------------------------------- statements
+
+@dataclass(frozen=True)
+class Load:
+    into: str                                   # scalar name, "$x"
+    ref: str
+    dynamic: tuple[str | None, ...] = ()        # per-dimension data-dependent offsets
+
+
+@dataclass(frozen=True)
+class Store:
+    ref: str
+    value: str                                  # scalar name
+
+
+@dataclass(frozen=True)
+class LoadIndex:
+    into: str
+    value: Affine
+
+
+@dataclass(frozen=True)
+class Constant:
+    into: str
+    value: int | float
+    dtype: DType
+
+
+@dataclass(frozen=True)
+class Intrinsic:
+    """`$out = op($a, $b, ...)` computed in `dtype` (see polytile.ir.intrinsics)."""
+
+    op: str
+    inputs: tuple[str, ...]
+    into: str
+    dtype: DType
+
+
+@dataclass(frozen=True)
+class Special:
+    """A whole-buffer operation the code generator knows by name (e.g. "zero", "copy")."""
+
+    name: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    params: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class Block:
+    name: str
+    idxs: tuple[Index, ...] = ()
+    constraints: tuple[Affine, ...] = ()        # each: affine >= 0
+    refs: tuple[Refinement, ...] = ()
+    stmts: tuple["Statement", ...] = ()
+    tags: frozenset[str] = field(default_factory=frozenset)
+    comment: str = ""
+
+    def ref(self, name: str) -> Refinement:
+        for r in self.refs:
+            if r.into == name:
+                return r
+        raise KeyError(name)
+
+    def index(self, name: str) -> Index:
+        for i in self.idxs:
+            if i.name == name:
+                return i
+        raise KeyError(name)
+
+
+Statement = Union[Load, Store, LoadIndex, Constant, Intrinsic, Special, Block]
+
+
+@dataclass(frozen=True)
+class Function:
+    """A compiled TC function: its top-level block and the order of its parameters.
+
+    `params` lists the top-level refinements that are arguments of the generated
+    function, in order (inputs, scalars as 0-d tensors, then outputs).
+    """
+
+    name: str
+    params: tuple[str, ...]
+    body: Block

@@ -1,0 +1,283 @@
+"""Recursive-descent parser for TC (Fig. 14), with C operator precedence.
+
+    parse(text) -> Module
+
+Errors are `ParseError`s that point at the offending token and say what was expected.
+"""
+from __future__ import annotations
+
+from polytile.errors import ParseError, Source, SourceLoc
+from polytile.lang import ast
+from polytile.lang.lexer import Token, tokenize
+from polytile.dtypes import TYPE_NAMES
+
+# Binary operators by precedence level, lowest first (C's order).
+_BINARY_LEVELS = (("||",), ("&&",), ("==", "!="), ("<", "<=", ">", ">="),
+                  ("+", "-"), ("*", "/", "%"))
+_REDUCTIONS = {"=": ("=", False), "+=": ("+=", False), "*=": ("*=", False),
+               "min=": ("min=", False), "max=": ("max=", False),
+               "+=!": ("+=", True), "*=!": ("*=", True),
+               "min=!": ("min=", True), "max=!": ("max=", True)}
+
+
+def parse(text: str, name: str = "<string>") -> ast.Module:
+    """Parse TC source holding one or more `def`s."""
+    return _Parser(Source(text, name)).module()
+
+
+def parse_expr(text: str) -> ast.Expr:
+    """Parse a lone expression (used by tests and the einsum front end)."""
+    parser = _Parser(Source(text))
+    expr = parser.expr()
+    parser.expect_eof()
+    return expr
+
+
+class _Parser:
+    def __init__(self, source: Source):
+        self.source = source
+        self.tokens = tokenize(source)
+        self.pos = 0
+
+    # -------------------------------------------------------------- helpers
+    @property
+    def tok(self) -> Token:
+        return self.tokens[self.pos]
+
+    def peek(self, offset: int = 1) -> Token:
+        return self.tokens[min(self.pos + offset, len(self.tokens) - 1)]
+
+    def advance(self) -> Token:
+        tok = self.tok
+        if tok.kind != "eof":
+            self.pos += 1
+        return tok
+
+    def at(self, text: str) -> bool:
+        return self.tok.kind == "op" and self.tok.text == text
+
+    def at_word(self, word: str) -> bool:
+        return self.tok.kind == "name" and self.tok.text == word
+
+    def accept(self, text: str) -> bool:
+        if self.at(text):
+            self.advance()
+            return True
+        return False
+
+    def error(self, expected: str, hint: str | None = None) -> ParseError:
+        return ParseError(f"expected {expected}, found {self.tok}", self.tok.loc, hint)
+
+    def expect(self, text: str, hint: str | None = None) -> Token:
+        if not self.at(text):
+            raise self.error(f"'{text}'", hint)
+        return self.advance()
+
+    def expect_name(self, what: str = "a name") -> Token:
+        if self.tok.kind != "name":
+            raise self.error(what)
+        return self.advance()
+
+    def expect_eof(self) -> None:
+        if self.tok.kind != "eof":
+            raise self.error("end of input")
+
+    def comma_list(self, item, close: str):  # type: ignore[no-untyped-def]
+        items = []
+        if not self.at(close):
+            items.append(item())
+            while self.accept(","):
+                items.append(item())
+        self.expect(close)
+        return tuple(items)
+
+    # -------------------------------------------------------------- definitions
+    def module(self) -> ast.Module:
+        defs = []
+        while self.tok.kind != "eof":
+            defs.append(self.definition())
+        if not defs:
+            raise ParseError("no TC function found", self.tok.loc,
+                             "a TC source holds one or more `def name(args) -> (outs) { ... }`")
+        seen: dict[str, ast.Def] = {}
+        for d in defs:
+            if d.name in seen:
+                raise ParseError(f"function {d.name} is defined twice", d.loc)
+            seen[d.name] = d
+        return ast.Module(tuple(defs))
+
+    def definition(self) -> ast.Def:
+        if not self.at_word("def"):
+            raise self.error("'def'")
+        start = self.advance().loc
+        name = self.expect_name("a function name")
+        self.expect("(")
+        args = self.comma_list(self.argument, ")")
+        if not self.accept("->"):
+            raise self.error("'->' and the list of outputs", "write `-> (out1, out2)`")
+        self.expect("(")
+        outputs = self.comma_list(self.output, ")")
+        if not outputs:
+            raise ParseError(f"function {name.text} has no outputs", name.loc)
+        self.expect("{")
+        body = []
+        while not self.at("}"):
+            if self.tok.kind == "eof":
+                raise self.error("'}' closing the body of " + name.text)
+            body.append(self.statement())
+        self.advance()
+        return ast.Def(name.text, args, outputs, tuple(body), start)
+
+    def type_name(self) -> Token:
+        tok = self.expect_name("a type")
+        if tok.text not in TYPE_NAMES:
+            raise ParseError(f"unknown type '{tok.text}'", tok.loc,
+                             "types are " + ", ".join(sorted(TYPE_NAMES)))
+        return tok
+
+    def dims(self) -> tuple[str | int, ...]:
+        def dim() -> str | int:
+            tok = self.advance()
+            if tok.kind == "name":
+                return tok.text
+            if tok.kind == "number" and tok.text.isdigit():
+                return int(tok.text)
+            raise ParseError(f"expected a size name or an integer, found {tok}", tok.loc)
+        self.expect("(")
+        return self.comma_list(dim, ")")
+
+    def argument(self) -> ast.Arg:
+        type_tok = self.type_name()
+        if self.at("("):
+            dims = self.dims()
+            name = self.expect_name("the tensor's name")
+            return ast.TensorArg(type_tok.text, dims, name.text, name.loc)
+        name = self.expect_name("the argument's name")
+        return ast.ScalarArg(type_tok.text, name.text, name.loc)
+
+    def output(self) -> ast.Output:
+        if self.tok.kind == "name" and self.tok.text in TYPE_NAMES and (
+                self.peek().text == "(" or self.peek().kind == "name"):
+            type_tok = self.advance()
+            dims = self.dims() if self.at("(") else ()
+            name = self.expect_name("the output's name")
+            return ast.Output(name.text, type_tok.text, dims, name.loc)
+        name = self.expect_name("an output name")
+        return ast.Output(name.text, None, None, name.loc)
+
+    # -------------------------------------------------------------- statements
+    def statement(self) -> ast.Stmt:
+        start = self.tok.loc
+        if self.at("("):
+            self.advance()
+            outs = self.comma_list(self.plain_name, ")")
+            self.expect("=")
+            return self.call_def(outs, start)
+        tensor = self.expect_name("a statement (`T(i, j) = ...`)")
+        indices: tuple[ast.Name, ...] = ()
+        if self.accept("("):
+            indices = self.comma_list(self.lhs_index, ")")
+        if self.tok.kind != "op" or self.tok.text not in _REDUCTIONS:
+            raise self.error("'=' or a reduction (+=, *=, min=, max=, +=!, ...)")
+        op, init = _REDUCTIONS[self.advance().text]
+        rhs = self.expr()
+        where: list[ast.WhereClause] = []
+        if self.at_word("where") and self.peek().kind == "name":
+            self.advance()
+            where.append(self.where_clause())
+            while self.accept(","):
+                where.append(self.where_clause())
+        return ast.Assign(tensor.text, indices, op, init, rhs, tuple(where), start)
+
+    def call_def(self, outs: tuple[ast.Name, ...], start: SourceLoc) -> ast.CallDef:
+        func = self.expect_name("the name of the called function")
+        self.expect("(")
+        args = self.comma_list(self.plain_name, ")")
+        return ast.CallDef(outs, func.text, args, start)
+
+    def plain_name(self) -> ast.Name:
+        tok = self.expect_name()
+        return ast.Name(tok.text, tok.loc)
+
+    def lhs_index(self) -> ast.Name:
+        if self.tok.kind != "name" or self.peek().text not in (",", ")"):
+            raise self.error("an index variable", "left-hand sides are indexed by plain "
+                             "index names, e.g. `C(i, j) = ...`")
+        return self.plain_name()
+
+    def where_clause(self) -> ast.WhereClause:
+        tok = self.tok
+        if tok.text == "exists" and self.peek().kind == "name":
+            self.advance()
+            access = self.postfix()
+            if not isinstance(access, ast.Call):
+                raise ParseError("`exists` takes a tensor access like `A(i, j)`", tok.loc)
+            return ast.Exists(access, tok.loc)
+        name = self.expect_name("`i in lo:hi`, `exists A(i)` or `name = expr`")
+        if self.at_word("in"):
+            self.advance()
+            lo = self.expr()
+            self.expect(":", "ranges are written `lo:hi` (half-open)")
+            hi = self.expr()
+            return ast.RangeConstraint(name.text, lo, hi, name.loc)
+        if self.accept("="):
+            return ast.Let(name.text, self.expr(), name.loc)
+        raise self.error("'in' or '=' after " + name.text)
+
+    # -------------------------------------------------------------- expressions
+    def expr(self) -> ast.Expr:
+        cond = self.binary(0)
+        if self.at("?"):
+            loc = self.advance().loc
+            then = self.expr()
+            self.expect(":", "a conditional is written `c ? a : b`")
+            other = self.expr()
+            return ast.Ternary(cond, then, other, loc)
+        return cond
+
+    def binary(self, level: int) -> ast.Expr:
+        if level == len(_BINARY_LEVELS):
+            return self.unary()
+        lhs = self.binary(level + 1)
+        while self.tok.kind == "op" and self.tok.text in _BINARY_LEVELS[level]:
+            op = self.advance()
+            rhs = self.binary(level + 1)
+            lhs = ast.Binary(op.text, lhs, rhs, op.loc)
+        return lhs
+
+    def unary(self) -> ast.Expr:
+        if self.tok.kind == "op" and self.tok.text in ("-", "+", "!"):
+            op = self.advance()
+            return ast.Unary(op.text, self.unary(), op.loc)
+        return self.postfix()
+
+    def postfix(self) -> ast.Expr:
+        tok = self.tok
+        if tok.kind == "number":
+            self.advance()
+            return ast.Number(tok.text, _number_value(tok), tok.loc)
+        if self.accept("("):
+            inner = self.expr()
+            self.expect(")")
+            return inner
+        if tok.kind != "name":
+            raise self.error("an expression")
+        self.advance()
+        if self.accept("("):
+            return ast.Call(tok.text, self.comma_list(self.expr, ")"), tok.loc)
+        if self.at(".") and self.peek().kind == "number":
+            self.advance()
+            dim = self.advance()
+            if not dim.text.isdigit():
+                raise ParseError(f"expected a dimension number after '{tok.text}.'", dim.loc)
+            return ast.DimOf(tok.text, int(dim.text), tok.loc)
+        return ast.Name(tok.text, tok.loc)
+
+
+def _number_value(tok: Token) -> int | float:
+    text = tok.text
+    if text[:2] in ("0x", "0X"):
+        return int(text, 16)
+    if any(c in text for c in ".eEfF"):
+        return float(text.rstrip("fF"))
+    return int(text)
