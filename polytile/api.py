@@ -7,27 +7,42 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from polytile import dtypes
+from polytile.config import Config, load_config
 from polytile.errors import ArgumentError, PolytileError
 from polytile.lang.parser import parse
 from polytile.sema import program as P
 from polytile.sema import reference
 from polytile.sema.analyze import analyze
 from polytile.sema.specialize import Specialized, specialize
+from polytile.targets.target import Target, select_target
 
-BACKENDS = ("interp",)
+if TYPE_CHECKING:
+    from polytile.compile import CompiledFunction, Compiler
+
+BACKENDS = ("c", "interp")
 
 
-def define(source: str, backend: str = "interp", name: str = "<tc>") -> "Module":
-    """Parse and check TC source; the returned Module has one callable per `def`."""
+def define(source: str, backend: str = "c", name: str = "<tc>", target: str | None = None,
+           config: Config | None = None) -> "Module":
+    """Parse and check TC source; the returned Module has one callable per `def`.
+
+    backend "c" (default) compiles each function to native code on its first call with
+    a new set of shapes; "interp" runs the NumPy reference interpreter.
+    """
     if backend not in BACKENDS:
         raise ArgumentError(f"unknown backend {backend!r}", hint=f"use one of {BACKENDS}")
     program = analyze(parse(source, name))
-    return Module(source, program, backend)
+    config = config or load_config()
+    compiled = None
+    if backend == "c":
+        from polytile.compile import Compiler
+        compiled = Compiler(config, select_target(target or config.target))
+    return Module(source, program, backend, compiled)
 
 
 @dataclass
@@ -35,11 +50,16 @@ class Module:
     source: str
     program: P.Program
     backend: str
+    compiler: "Compiler | None" = None
     _functions: dict[str, "TCFunction"] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for fn in self.program.functions:
-            self._functions[fn.name] = TCFunction(fn, self.backend)
+            self._functions[fn.name] = TCFunction(fn, self.backend, self.compiler)
+
+    @property
+    def target(self) -> Target | None:
+        return self.compiler.target if self.compiler else None
 
     def __getattr__(self, name: str) -> "TCFunction":
         functions = self.__dict__.get("_functions", {})
@@ -63,7 +83,9 @@ class Module:
 class TCFunction:
     fn: P.Function
     backend: str
+    compiler: "Compiler | None" = None
     _specs: dict[tuple, Specialized] = field(default_factory=dict)
+    _kernels: dict[tuple, "CompiledFunction"] = field(default_factory=dict)
 
     @property
     def name(self) -> str:
@@ -79,7 +101,13 @@ class TCFunction:
             spec = specialize(self.fn, shapes, scalars)
             self._specs[key] = spec
         outputs, user_out = self._bind_outputs(spec, out)
-        reference.run(spec, {**inputs, **scalars}, outputs)
+        if self.compiler is None:
+            reference.run(spec, {**inputs, **scalars}, outputs)
+        else:
+            kernel = self._kernels.get(key)
+            if kernel is None:
+                kernel = self._kernels[key] = self.compiler.compile(spec)
+            kernel.run(inputs, scalars, outputs)
         results = []
         for o in self.fn.outputs:
             target = user_out.get(o.name)

@@ -1,6 +1,8 @@
 """The `polytile` command (also `python -m polytile`).
 
     polytile check FILE.tc [--sizes M=128,K=64]
+    polytile show FILE.tc --stage ast|program|ir|c [--sizes ...] [--function NAME]
+    polytile cache info|clear
 """
 from __future__ import annotations
 
@@ -27,29 +29,91 @@ def _read(path: str) -> str:
         return f.read()
 
 
-def cmd_check(args: argparse.Namespace) -> int:
-    from polytile.lang.parser import parse
-    from polytile.sema.analyze import analyze
-    from polytile.sema.printer import format_function
+def _specialize(fn, sizes: dict[str, int]):  # type: ignore[no-untyped-def]
     from polytile.sema.specialize import specialize
 
-    program = analyze(parse(_read(args.file), args.file))
-    for fn in program.functions:
-        spec = None
-        if args.sizes:
-            shapes = {}
-            for p in fn.params:
-                if p.kind == "input":
-                    missing = [str(d) for d in p.shape if not d.is_const
-                               and str(d) not in args.sizes]
-                    if missing:
-                        raise PolytileError(f"--sizes does not give {', '.join(missing)} "
-                                            f"(needed by {p.name} of {fn.name})")
-                    shapes[p.name] = tuple(d.evaluate(args.sizes) for d in p.shape)
-            scalars = {p.name: args.sizes.get(p.name, 1) for p in fn.params
-                       if p.kind == "scalar"}
-            spec = specialize(fn, shapes, scalars)
+    shapes = {}
+    for p in fn.params:
+        if p.kind == "input":
+            missing = [str(d) for d in p.shape if not d.is_const and str(d) not in sizes]
+            if missing:
+                raise PolytileError(f"--sizes does not give {', '.join(missing)} "
+                                    f"(needed by {p.name} of {fn.name})")
+            shapes[p.name] = tuple(d.evaluate(sizes) for d in p.shape)
+    missing = [p.name for p in fn.params if p.kind == "scalar" and p.dtype.is_integral
+               and p.name not in sizes]
+    if missing:
+        raise PolytileError(f"--sizes does not give the integer argument(s) {', '.join(missing)}"
+                            f" of {fn.name}")
+    scalars = {p.name: sizes.get(p.name, 1) for p in fn.params if p.kind == "scalar"}
+    return specialize(fn, shapes, scalars)
+
+
+def _program(path: str):  # type: ignore[no-untyped-def]
+    from polytile.lang.parser import parse
+    from polytile.sema.analyze import analyze
+
+    return analyze(parse(_read(path), path))
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    from polytile.sema.printer import format_function
+
+    for fn in _program(args.file).functions:
+        spec = _specialize(fn, args.sizes) if args.sizes is not None else None
         print(format_function(fn, spec))
+    return 0
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    from polytile.lang.parser import parse
+    from polytile.lang.printer import format_module
+
+    if args.stage == "ast":
+        print(format_module(parse(_read(args.file), args.file)), end="")
+        return 0
+    from polytile.sema.printer import format_function
+
+    functions = _program(args.file).functions
+    if args.function:
+        functions = tuple(f for f in functions if f.name == args.function)
+        if not functions:
+            raise PolytileError(f"{args.file} defines no function {args.function}")
+    for fn in functions:
+        if args.stage == "program":
+            spec = _specialize(fn, args.sizes) if args.sizes is not None else None
+            print(format_function(fn, spec))
+            continue
+        if args.sizes is None:
+            raise PolytileError(f"--stage {args.stage} needs --sizes (code is specialized to "
+                                "the sizes of a call)")
+        from polytile.compile import Compiler
+        from polytile.config import load_config
+        from polytile.ir.printer import format_function as format_ir
+        from polytile.targets.target import select_target
+
+        config = load_config()
+        compiler = Compiler(config, select_target(args.target or config.target))
+        ir = compiler.ir(_specialize(fn, args.sizes))
+        if args.stage == "ir":
+            print(format_ir(ir))
+        else:
+            from polytile.codegen.c import generate_c
+
+            print(generate_c(ir).text)
+    return 0
+
+
+def cmd_cache(args: argparse.Namespace) -> int:
+    from polytile.config import load_config
+    from polytile.runtime.cache import cache_info, clear_cache
+
+    config = load_config()
+    if args.action == "info":
+        print(cache_info(config))
+    else:
+        removed = clear_cache(config)
+        print(f"removed {removed} entries from {config.cache_dir}")
     return 0
 
 
@@ -62,6 +126,16 @@ def main(argv: list[str] | None = None) -> int:
     check.add_argument("--sizes", type=_sizes, default=None,
                        help="concrete sizes, e.g. M=128,K=64 (integer scalars too)")
     check.set_defaults(run=cmd_check)
+    show = sub.add_parser("show", help="print one stage: ast, program, ir or c")
+    show.add_argument("file", help="TC source file, or - for standard input")
+    show.add_argument("--stage", choices=("ast", "program", "ir", "c"), default="program")
+    show.add_argument("--sizes", type=_sizes, default=None, help="e.g. M=128,K=64")
+    show.add_argument("--function", default=None, help="only this function")
+    show.add_argument("--target", default=None, help="e.g. cpu-avx2 (default: the host's best)")
+    show.set_defaults(run=cmd_show)
+    cache = sub.add_parser("cache", help="inspect or clear the compilation cache")
+    cache.add_argument("action", choices=("info", "clear"))
+    cache.set_defaults(run=cmd_cache)
     args = parser.parse_args(argv)
     try:
         return int(args.run(args))

@@ -19,9 +19,9 @@ changes nothing:
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
 
 import platformdirs
 

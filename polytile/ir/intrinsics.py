@@ -92,6 +92,7 @@ _TABLE: list[tuple[str, int, str, Callable[..., np.ndarray]]] = [
     ("not", 1, BOOL, np.logical_not),
     ("select", 3, SAME, lambda c, a, b: np.where(c, a, b)),
     ("ident", 1, SAME, lambda x: x),
+    ("cast", 1, SAME, lambda x: x),       # to the op's dtype; float -> int truncates
     # math (floating point; integer operands are promoted to float32)
     ("exp", 1, FLOAT, np.exp), ("exp2", 1, FLOAT, np.exp2), ("expm1", 1, FLOAT, np.expm1),
     ("log", 1, FLOAT, np.log), ("log2", 1, FLOAT, np.log2), ("log10", 1, FLOAT, np.log10),
@@ -122,7 +123,7 @@ BUILTIN_ALIASES = {"fmaxf": "fmax", "fminf": "fmin", "max": "fmax", "min": "fmin
                    "fabsf": "fabs", "powf": "pow", "expf2": "exp2"}
 BUILTINS = frozenset(n for n in OPS if n not in
                      ("add", "sub", "mul", "div", "mod", "neg", "eq", "ne", "lt", "le", "gt",
-                      "ge", "and", "or", "not", "select", "ident")) | frozenset(BUILTIN_ALIASES)
+                      "ge", "and", "or", "not", "select", "ident", "cast")) | frozenset(BUILTIN_ALIASES)
 
 BINARY_SYMBOLS = {"+": "add", "-": "sub", "*": "mul", "/": "div", "%": "mod", "==": "eq",
                   "!=": "ne", "<": "lt", "<=": "le", ">": "gt", ">=": "ge", "&&": "and",

@@ -54,7 +54,10 @@ def tokenize(source: Source) -> list[Token]:
                 line_start = pos + chunk.rfind("\n") + 1
             pos = space.end()
         if pos >= len(text):
-            tokens.append(Token("eof", "", loc_at(pos, 1)))
+            # Point just past the last token, so the error shows a source line and a caret.
+            end = (SourceLoc(tokens[-1].loc.line, tokens[-1].loc.col + tokens[-1].loc.length,
+                             1, source) if tokens else SourceLoc(1, 1, 1, source))
+            tokens.append(Token("eof", "", end))
             return tokens
         ch = text[pos]
         if ch.isalnum() or ch == "_" or (ch == "." and _dot_starts_number(text, pos, tokens)):

@@ -104,7 +104,7 @@ class _Parser:
             if d.name in seen:
                 raise ParseError(f"function {d.name} is defined twice", d.loc)
             seen[d.name] = d
-        return ast.Module(tuple(defs))
+        return ast.Module(tuple(_calls_of_functions(d, frozenset(seen)) for d in defs))
 
     def definition(self) -> ast.Def:
         if not self.at_word("def"):
@@ -174,6 +174,12 @@ class _Parser:
             self.expect("=")
             return self.call_def(outs, start)
         tensor = self.expect_name("a statement (`T(i, j) = ...`)")
+        if self.at(","):                       # Fig. 14's unparenthesized `A, B = f(X, Y)`
+            outs = [ast.Name(tensor.text, tensor.loc)]
+            while self.accept(","):
+                outs.append(self.plain_name())
+            self.expect("=")
+            return self.call_def(tuple(outs), start)
         indices: tuple[ast.Name, ...] = ()
         if self.accept("("):
             indices = self.comma_list(self.lhs_index, ")")
@@ -272,6 +278,24 @@ class _Parser:
                 raise ParseError(f"expected a dimension number after '{tok.text}.'", dim.loc)
             return ast.DimOf(tok.text, int(dim.text), tok.loc)
         return ast.Name(tok.text, tok.loc)
+
+
+def _calls_of_functions(d: ast.Def, functions: frozenset[str]) -> ast.Def:
+    """`O1 = MLP1(I, W1, B1)` (Fig. 15) reads like a 0-d assignment, but when MLP1 is a
+    function of the same source and every argument a plain name, it is a call statement."""
+    params = {a.name for a in d.args}
+
+    def convert(s: ast.Stmt) -> ast.Stmt:
+        if (isinstance(s, ast.Assign) and not s.indices and s.op == "=" and not s.where
+                and isinstance(s.rhs, ast.Call) and s.rhs.name in functions
+                and s.rhs.name not in params
+                and all(isinstance(a, ast.Name) for a in s.rhs.args)):
+            return ast.CallDef((ast.Name(s.tensor, s.loc),), s.rhs.name,
+                               tuple(s.rhs.args), s.loc)  # type: ignore[arg-type]
+        return s
+
+    body = tuple(convert(s) for s in d.body)
+    return d if body == d.body else ast.Def(d.name, d.args, d.outputs, body, d.loc)
 
 
 def _number_value(tok: Token) -> int | float:

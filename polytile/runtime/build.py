@@ -13,9 +13,9 @@ import os
 import re
 import secrets
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 from polytile.errors import BuildError
 from polytile.runtime.toolchain import Toolchain, run_compiler
@@ -44,7 +44,7 @@ def build_shared_object(source: str, flags: Sequence[str], toolchain: Toolchain,
     first, so compiler messages point at a file one can open.
     """
     source_path = source_path if source_path is not None else out_path.with_suffix(".c")
-    source_path.write_text(source)
+    source_path.write_text(source, encoding="utf-8")
     temp_out = out_path.with_name(f".{out_path.name}.{secrets.token_hex(4)}.tmp")
     command = (toolchain.path, *flags, "-shared", "-fPIC", "-o", str(temp_out),
                str(source_path), *_LIBS)

@@ -7,15 +7,16 @@ POSIX only (fcntl), like the C toolchain the runtime drives.
 """
 from __future__ import annotations
 
+import errno
 import fcntl
 import hashlib
 import os
 import stat
 import tempfile
 import warnings
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 from polytile.errors import PolytileError
 
@@ -49,8 +50,8 @@ def ensure_private_dir(path: Path) -> Path:
         raise PolytileError(
             f"cache directory {path} is writable by other users (mode {mode:04o}); "
             "polytile does not load code from it",
-            hint=f"run `chmod 700 {path}` after checking its contents, or "
-                 "`polytile cache clear`, or set POLYTILE_CACHE_DIR elsewhere")
+            hint=f"delete its contents and run `chmod 700 {path}`, "
+                 "or set POLYTILE_CACHE_DIR elsewhere")
     if mode & 0o077:
         warnings.warn(f"polytile: cache directory {path} was readable by other users "
                       f"(mode {mode:04o}); changed it to 0700", RuntimeWarning, stacklevel=2)
@@ -100,6 +101,17 @@ def exclusive_lock(path: Path, *, wait: bool = True) -> Iterator[None]:
             fcntl.flock(fd, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
             if _same_file(fd, path):
                 break
+        except OSError as e:
+            if e.errno not in _NO_LOCKING:
+                os.close(fd)
+                raise
+            # Some network and FUSE filesystems have no flock. Callers stay correct
+            # without it (complete entries are renamed into place and checked by
+            # hash); they only lose the guarantee that a key is compiled once.
+            warnings.warn(f"polytile: cannot lock {path} ({e.strerror}); concurrent "
+                          "processes may compile the same kernel twice", RuntimeWarning,
+                          stacklevel=3)
+            break
         except BaseException:
             os.close(fd)
             raise
@@ -108,6 +120,9 @@ def exclusive_lock(path: Path, *, wait: bool = True) -> Iterator[None]:
         yield
     finally:
         os.close(fd)  # closing the last descriptor releases the flock
+
+
+_NO_LOCKING = frozenset({errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOSYS})
 
 
 def _same_file(fd: int, path: Path) -> bool:

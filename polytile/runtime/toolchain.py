@@ -7,7 +7,7 @@ work, by compiling tiny files. Probing runs the compiler, and a warm start must 
 all), so the probe result is also kept on disk, keyed by the compiler's path and
 file metadata (size, mtime, inode), as ccache does: upgrading the compiler changes
 them and causes a new probe. A wrapper script in front of the real compiler hides
-an upgrade behind it; remove `<cache>/toolchains` after such an upgrade.
+an upgrade behind it; run `polytile cache clear` after such an upgrade.
 
 Every compiler invocation in the process goes through `run_compiler`, which counts
 them (`compiler_invocations()`), so tests can prove that a cache hit compiled nothing.
@@ -22,15 +22,16 @@ import shutil
 import subprocess
 import tempfile
 import threading
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Sequence
 
 from polytile.config import Config
 from polytile.errors import BuildError
 from polytile.runtime.files import atomic_write_bytes, ensure_private_dir, sha256_text
 
 DEFAULT_COMPILERS = ("cc", "gcc", "clang")
+RECORDS_DIR = "toolchains"   # below the cache directory
 # Bump when the probes or the record layout change, so old records are ignored.
 PROBE_FORMAT = 1
 _COMPILER_HINT = "install gcc or clang, or set POLYTILE_CC to the path of a C compiler"
@@ -139,7 +140,7 @@ def run_compiler(compiler: str, args: Sequence[str], *, timeout: float | None = 
     # LC_ALL=C: stable, English diagnostics, so "error:" lines can be picked out.
     env = {**os.environ, "LC_ALL": "C"}
     try:
-        return subprocess.run([compiler, *args], capture_output=True, text=True,
+        return subprocess.run([compiler, *args], check=False, capture_output=True, text=True,
                               errors="replace", env=env, timeout=timeout,
                               stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired as e:
@@ -152,14 +153,14 @@ def run_compiler(compiler: str, args: Sequence[str], *, timeout: float | None = 
                          hint=_COMPILER_HINT) from e
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _detect(path: str, real_path: str, fingerprint: tuple[int, ...],
             cache_dir: Path | None) -> Toolchain:
     record = None
     if cache_dir is not None:
         name = sha256_text(json.dumps([PROBE_FORMAT, platform.machine(), path, real_path,
                                        fingerprint]))[:32]
-        record = ensure_private_dir(ensure_private_dir(cache_dir) / "toolchains") / f"{name}.json"
+        record = ensure_private_dir(ensure_private_dir(cache_dir) / RECORDS_DIR) / f"{name}.json"
         found = _read_record(record, path, real_path)
         if found is not None:
             return found

@@ -176,6 +176,7 @@ class _Function:
                        ) -> tuple[P.TExpr, tuple[P.Read, ...], T.Scope]:
         visible = {x.tensor for x in stmts[:k + 1]} | set(self.outputs)
         scope = self.scope(dtypes_, visible, ranks)
+        scope.later = frozenset(x.tensor for x in stmts[k + 1:]) - visible
         T.lets_scope(s.where, scope)
         rhs = T.resolve(s.rhs, scope)
         exists = []
@@ -185,9 +186,11 @@ class _Function:
                 if not isinstance(e, P.Read):
                     raise TypeCheckError("`exists` needs a tensor access", w.loc)
                 exists.append(e)
-        value = T.finalize(rhs)
+        value = T.finalize(rhs, s.loc)
         target = dtypes_[s.tensor]
         T.check_assignable(value.dtype, target, s.tensor, s.loc)
+        if rhs.weak:   # a literal takes the type of the tensor it is assigned to
+            value = T.retype(rhs.expr, target, s.loc)
         for i in s.indices:
             scope.index_locs.setdefault(i.name, i.loc)
         return value, tuple(exists), scope
@@ -200,7 +203,7 @@ class _Function:
                 continue
             bounds = []
             for e in (w.lo, w.hi):
-                lin = R.linearize(T.finalize(T.resolve(e, scope)))
+                lin = R.linearize(T.finalize(T.resolve(e, scope), w.loc))
                 if lin is None or lin.coeffs:
                     raise RangeInferenceError(
                         f"the bounds of {w.index} must be integer expressions of sizes, "
@@ -257,8 +260,10 @@ class _Function:
             for name, r in ranges.items():
                 span = r.hi - r.lo
                 if span.is_const and span.const <= 0:
-                    raise RangeInferenceError(f"range of {name} is empty ({r})",
-                                              dict(info.index_locs).get(name, s.loc))
+                    raise RangeInferenceError(
+                        f"range of {name} is empty ({r})", dict(info.index_locs).get(name, s.loc),
+                        "no value keeps every access in bounds; check the where clauses "
+                        "(a range `where i in lo:hi` is half-open and needs hi > lo)")
             statements.append(P.Statement(s.tensor, info.lhs_indices, s.op, s.init,
                                           typed[k][0],
                                           tuple((i, ranges[i]) for i in info.indices), s.loc))
@@ -311,8 +316,8 @@ class _Function:
             if same and not st.reduction_indices:
                 continue
             shown = f"{r.tensor}({', '.join(_show(x) for x in r.indices)})"
-            why = ("other iterations of the reduction update it" if same
-                   else "another iteration writes it")
+            why = ("other iterations of the reduction update" if same
+                   else "another iteration writes")
             raise CausalityError(f"in-place update of {s.tensor} reads {shown}, which {why}",
                                  r.loc, f"write the result to a new tensor instead of "
                                  f"{s.tensor}")

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping
 
-from polytile.errors import ArgumentError, OutOfBoundsError, RangeInferenceError
+from polytile.errors import ArgumentError, OutOfBoundsError, RangeInferenceError, SourceLoc
 from polytile.sema import program as P
 from polytile.sema import ranges as R
 from polytile.sema import typing as T
@@ -66,32 +66,37 @@ def bind_sizes(fn: P.Function, shapes: Mapping[str, tuple[int, ...]],
 def specialize(fn: P.Function, shapes: Mapping[str, tuple[int, ...]],
                scalars: Mapping[str, int | float]) -> Specialized:
     env = bind_sizes(fn, shapes, scalars)
-    tensor_shapes: dict[str, tuple[int, ...]] = {}
-    for t in fn.params + fn.outputs + fn.temps:
-        tensor_shapes[t.name] = tuple(_evaluate(e, env, t.name) for e in t.shape)
-        if any(s < 0 for s in tensor_shapes[t.name]):
-            raise RangeInferenceError(f"{t.name} would have shape {tensor_shapes[t.name]} for "
-                                      f"sizes {_show_env(env)}", t.loc)
+    # Ranges first: an empty range explains a negative output shape better than the shape.
     all_ranges = []
     for st in fn.statements:
         ranges = []
         for name, r in st.ranges:
-            lo, hi = _evaluate(r.lo, env, name), _evaluate(r.hi, env, name)
+            lo, hi = _evaluate(r.lo, env, name, st.loc), _evaluate(r.hi, env, name, st.loc)
             if hi <= lo:
-                raise RangeInferenceError(f"range of {name} is empty ({lo}:{hi}) for sizes "
-                                          f"{_show_env(env)}", st.loc)
+                raise RangeInferenceError(
+                    f"range of {name} is empty ({lo}:{hi}) for sizes {_show_env(env)}", st.loc,
+                    "the tensors are too small for this access pattern; check the sizes, or "
+                    f"give the range with a where clause, e.g. `where {name} in lo:hi`")
             ranges.append((name, lo, hi))
         all_ranges.append(tuple(ranges))
+    tensor_shapes: dict[str, tuple[int, ...]] = {}
+    for t in fn.params + fn.outputs + fn.temps:
+        tensor_shapes[t.name] = tuple(_evaluate(e, env, t.name, t.loc) for e in t.shape)
+        if any(s < 0 for s in tensor_shapes[t.name]):
+            raise RangeInferenceError(f"{t.name} would have shape {tensor_shapes[t.name]} for "
+                                      f"sizes {_show_env(env)}", t.loc)
+    for st, ranges in zip(fn.statements, all_ranges):
         _check_bounds(st, dict((n, (lo, hi)) for n, lo, hi in ranges), tensor_shapes, env)
     return Specialized(fn, tuple(env.items()), tuple(tensor_shapes.items()),
                        tuple(all_ranges))
 
 
-def _evaluate(expr, env: dict[str, int], what: str) -> int:  # type: ignore[no-untyped-def]
+def _evaluate(expr, env: dict[str, int], what: str,  # type: ignore[no-untyped-def]
+              loc: SourceLoc) -> int:
     try:
         return expr.evaluate(env)
     except RangeInferenceError as err:
-        raise RangeInferenceError(f"{what}: {err.message}") from None
+        raise RangeInferenceError(f"{what}: {err.message}", loc, err.hint) from None
 
 
 def _show_env(env: dict[str, int]) -> str:

@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Mapping
 
+import numpy as np
+
 from polytile import dtypes
 from polytile.dtypes import DType
 from polytile.errors import NameResolutionError, SourceLoc, TypeCheckError, UnsupportedError
@@ -31,6 +33,7 @@ class Scope:
     functions: frozenset[str] = frozenset()
     lets: dict[str, tuple[P.TExpr, bool]] = field(default_factory=dict)
     index_locs: dict[str, SourceLoc] = field(default_factory=dict)
+    later: frozenset[str] = frozenset()       # temporaries first written by a later statement
 
 
 @dataclass(frozen=True)
@@ -45,7 +48,10 @@ class Typed:
 
 def resolve(e: ast.Expr, scope: Scope) -> Typed:
     if isinstance(e, ast.Number):
-        dtype = dtypes.INT32 if isinstance(e.value, int) else dtypes.FLOAT32
+        if isinstance(e.value, int):   # like C: a literal too big for int is a long
+            dtype = dtypes.INT32 if e.value <= np.iinfo(np.int32).max else dtypes.INT64
+        else:
+            dtype = dtypes.FLOAT32
         return Typed(P.Const(e.value, dtype), weak=True)
     if isinstance(e, ast.Name):
         return _name(e, scope)
@@ -90,6 +96,9 @@ def _name(e: ast.Name, scope: Scope) -> Typed:
             raise TypeCheckError(f"{name} has {rank} dimensions but is used without subscripts",
                                  e.loc, f"write {name}(...) with {rank} subscripts")
         return Typed(P.Read(name, (), tensor.dtype, e.loc))
+    if name in scope.later:
+        raise NameResolutionError(f"temporary {name} is read before it is written", e.loc,
+                                  "move the statement that computes it before this one")
     scope.index_locs.setdefault(name, e.loc)
     return Typed(P.IndexVar(name, INDEX))
 
@@ -117,6 +126,9 @@ def _call(e: ast.Call, scope: Scope) -> Typed:
     op = intrinsics.BUILTIN_ALIASES.get(e.name, e.name)
     if op in intrinsics.BUILTINS:
         return _apply(op, args, e.loc, name=e.name)
+    if e.name in scope.later:
+        raise NameResolutionError(f"temporary {e.name} is read before it is written", e.loc,
+                                  "move the statement that computes it before this one")
     if e.name in scope.functions:
         raise UnsupportedError(f"calling the TC function {e.name} inside an expression is not "
                                "supported", e.loc, "call it as a statement: (X) = f(A, B)")
@@ -137,7 +149,7 @@ def _apply(op: str, args: tuple[Typed, ...], loc: SourceLoc, name: str | None = 
     if op in ("and", "or", "not"):
         dtype = dtypes.BOOL
     result = intrinsics.result_dtype(op, dtype)
-    exprs = tuple(retype(a.expr, dtype) if a.weak else a.expr for a in operands)
+    exprs = tuple(retype(a.expr, dtype, loc) if a.weak else a.expr for a in operands)
     if op == "select":
         exprs = (args[0].expr,) + exprs
     return Typed(P.Op(op, exprs, result, loc), weak and result.kind != "b")
@@ -154,19 +166,26 @@ def promote(a: DType, a_weak: bool, b: DType, b_weak: bool) -> tuple[DType, bool
     return dtypes.promote(a, b), False
 
 
-def retype(e: P.TExpr, dtype: DType) -> P.TExpr:
-    """Give a weakly typed literal expression its final dtype."""
+def retype(e: P.TExpr, dtype: DType, loc: SourceLoc | None = None) -> P.TExpr:
+    """Give a weakly typed literal expression its final dtype; an integer literal that
+    the dtype cannot hold is an error (`int8 + 300`), not a silent wrap-around."""
     if isinstance(e, P.Const):
         if dtype.is_float:
             return P.Const(float(e.value), dtype)
         if dtype == dtypes.BOOL:
             return P.Const(bool(e.value), dtype)
+        info = np.iinfo(dtype.numpy)
+        if not info.min <= int(e.value) <= info.max:
+            raise TypeCheckError(f"the literal {e.value} does not fit in {dtype} "
+                                 f"({info.min}..{info.max})", loc,
+                                 "cast the other operand to a wider type, e.g. "
+                                 f"int32(...), or use a smaller literal")
         return P.Const(int(e.value), dtype)
     if isinstance(e, P.Op) and e.op != "cast":
         info = intrinsics.OPS[e.op]
         if info.result == intrinsics.BOOL:
             return e
-        args = tuple(retype(a, dtype) if i > 0 or e.op != "select" else a
+        args = tuple(retype(a, dtype, loc) if i > 0 or e.op != "select" else a
                      for i, a in enumerate(e.args))
         return replace(e, args=args, dtype=intrinsics.result_dtype(e.op, dtype))
     return e
@@ -183,9 +202,9 @@ def lets_scope(where: tuple[ast.WhereClause, ...], scope: Scope) -> None:
             scope.lets[w.name] = (typed.expr, typed.weak)
 
 
-def finalize(typed: Typed) -> P.TExpr:
+def finalize(typed: Typed, loc: SourceLoc | None = None) -> P.TExpr:
     """Fix the dtype of an expression made only of literals (int32 / float32)."""
-    return retype(typed.expr, typed.dtype) if typed.weak else typed.expr
+    return retype(typed.expr, typed.dtype, loc) if typed.weak else typed.expr
 
 
 def reads(e: P.TExpr) -> list[P.Read]:

@@ -1,0 +1,6 @@
+"""Code generation from the IR: C99 (+OpenMP) today."""
+from polytile.codegen.c import COptions, CSource, generate_c
+from polytile.codegen.cabi import ERR_INDEX, ERR_NOMEM, ERR_WORDS, kernel_error
+
+__all__ = ["COptions", "CSource", "generate_c", "ERR_INDEX", "ERR_NOMEM", "ERR_WORDS",
+           "kernel_error"]

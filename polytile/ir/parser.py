@@ -1,0 +1,379 @@
+"""Read the IR text that `polytile.ir.printer` writes (see its docstring for the form).
+
+    parse_function(text) -> Function     parse_block(text) -> Block
+
+Recursive descent over tokens; newlines and indentation carry no meaning, so
+`format_function(parse_function(text)) == text` for printed text, and
+`parse_function(format_function(fn)) == fn` for any IR whose names are words and
+whose affines are normalized (`Affine.of`). `//` lines directly before a
+`block` are its comment; comments anywhere else are an error, since they would
+be lost. Errors are `IRError`s pointing at the offending token (line:col).
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+
+from polytile import dtypes
+from polytile.dtypes import DType
+from polytile.errors import IRError, Source, SourceLoc
+from polytile.ir.nodes import (
+    AGG_OPS,
+    DIRECTIONS,
+    Affine,
+    Block,
+    Constant,
+    Dim,
+    Function,
+    Index,
+    Intrinsic,
+    Load,
+    LoadIndex,
+    Refinement,
+    Special,
+    Statement,
+    Store,
+    TensorShape,
+)
+
+# Names follow the TC lexer: `2LUT` is a name, `12` and `1e5` are numbers.
+NAME = re.compile(r"[_a-zA-Z0-9]*[_a-zA-Z][_a-zA-Z0-9]*")
+_NUMBER = re.compile(r"[0-9]+(?:\.[0-9]*)?(?:[eE][+-]?[0-9]+)?")
+_STRING = r'"(?:[^"\\\n]|\\.)*"'
+_WORD = r"[A-Za-z0-9_.\-]+"
+_TOKENS = re.compile("|".join([
+    r"(?P<space>[ \t\r\n]+)", r"(?P<comment>//[^\n]*)",
+    r"(?P<scalar>\$[_a-zA-Z0-9]*[_a-zA-Z][_a-zA-Z0-9]*)",
+    rf"(?P<tag>#(?:{_WORD}|{_STRING}))", rf"(?P<location>@(?:{_WORD}|{_STRING}))",
+    rf"(?P<string>{_STRING})", r"(?P<op><-|->|>=|[()\[\]{},:=+\-*])",
+]))
+_SPECIAL_FLOATS = {"inf": float("inf"), "nan": float("nan")}
+
+
+@dataclass(frozen=True)
+class _Token:
+    kind: str          # name, int, float, scalar, tag, location, string, comment, op, eof
+    text: str
+    loc: SourceLoc
+
+    def __str__(self) -> str:
+        return "end of input" if self.kind == "eof" else f"'{self.text}'"
+
+
+def parse_function(text: str, name: str = "<ir>") -> Function:
+    parser = _Parser(Source(text, name))
+    fn = parser.function()
+    parser.expect_kind("eof", "end of input")
+    return fn
+
+
+def parse_block(text: str, name: str = "<ir>") -> Block:
+    parser = _Parser(Source(text, name))
+    block = parser.block()
+    parser.expect_kind("eof", "end of input")
+    return block
+
+
+def _tokenize(source: Source) -> list[_Token]:
+    text, tokens = source.text, []
+    pos, line, line_start = 0, 1, 0
+    while pos < len(text):
+        loc = SourceLoc(line, pos - line_start + 1, 1, source)
+        word = _word_at(text, pos)
+        if word is not None:
+            kind, lexeme = word
+        else:
+            match = _TOKENS.match(text, pos)
+            if match is None:
+                raise IRError(f"unexpected character {text[pos]!r}", loc)
+            kind, lexeme = match.lastgroup or "op", match.group()
+        if kind == "space":
+            line += lexeme.count("\n")
+            if "\n" in lexeme:
+                line_start = pos + lexeme.rfind("\n") + 1
+        else:
+            tokens.append(_Token(kind, lexeme, SourceLoc(loc.line, loc.col, len(lexeme), source)))
+        pos += len(lexeme)
+    tokens.append(_Token("eof", "", SourceLoc(line, pos - line_start + 1, 1, source)))
+    return tokens
+
+
+def _word_at(text: str, pos: int) -> tuple[str, str] | None:
+    """A name or a number; a word starting with a digit is a number when that reading
+    is at least as long (`1e5`, `2`), else a name (`2LUT`), as in the TC lexer."""
+    name, number = NAME.match(text, pos), _NUMBER.match(text, pos)
+    if number and (name is None or len(number.group()) >= len(name.group())):
+        lexeme = number.group()
+        return ("int" if lexeme.isdigit() else "float"), lexeme
+    return ("name", name.group()) if name else None
+
+
+class _Parser:
+    def __init__(self, source: Source):
+        self.tokens = _tokenize(source)
+        self.pos = 0
+
+    # -------------------------------------------------------------- helpers
+    @property
+    def tok(self) -> _Token:
+        return self.tokens[self.pos]
+
+    def peek(self) -> _Token:
+        return self.tokens[min(self.pos + 1, len(self.tokens) - 1)]
+
+    def advance(self) -> _Token:
+        tok = self.tok
+        if tok.kind != "eof":
+            self.pos += 1
+        return tok
+
+    def at(self, text: str) -> bool:
+        return self.tok.kind == "op" and self.tok.text == text
+
+    def at_word(self, word: str) -> bool:
+        return self.tok.kind == "name" and self.tok.text == word
+
+    def accept(self, text: str) -> bool:
+        if self.at(text):
+            self.advance()
+            return True
+        return False
+
+    def error(self, expected: str, hint: str | None = None) -> IRError:
+        return IRError(f"expected {expected}, found {self.tok}", self.tok.loc, hint)
+
+    def expect(self, text: str) -> _Token:
+        if not self.at(text):
+            raise self.error(f"'{text}'")
+        return self.advance()
+
+    def expect_kind(self, kind: str, what: str) -> _Token:
+        if self.tok.kind != kind:
+            raise self.error(what)
+        return self.advance()
+
+    def expect_word(self, word: str) -> _Token:
+        if not self.at_word(word):
+            raise self.error(f"'{word}'")
+        return self.advance()
+
+    def name(self, what: str = "a name") -> str:
+        return self.expect_kind("name", what).text
+
+    def integer(self, what: str = "an integer") -> int:
+        negative = self.accept("-")
+        value = int(self.expect_kind("int", what).text)
+        return -value if negative else value
+
+    def listed(self, close: str, item):  # type: ignore[no-untyped-def]
+        """Comma-separated items up to (and consuming) `close`."""
+        items = []
+        if not self.accept(close):
+            items.append(item())
+            while self.accept(","):
+                items.append(item())
+            self.expect(close)
+        return tuple(items)
+
+    def dtype(self) -> DType:
+        tok = self.tok
+        found = dtypes.lookup(self.name("a dtype")) if tok.kind == "name" else None
+        if found is None:
+            raise IRError(f"unknown dtype {tok}", tok.loc,
+                          "one of: " + ", ".join(t.name for t in dtypes.ALL))
+        return found
+
+    def word(self, kind: str, what: str) -> str:
+        """The text of a tag or location token, without its sigil."""
+        text = self.expect_kind(kind, what).text[1:]
+        return json.loads(text) if text.startswith('"') else text
+
+    # -------------------------------------------------------------- structure
+    def function(self) -> Function:
+        self.expect_word("function")
+        name = self.name("a function name")
+        self.expect("(")
+        params = self.listed(")", lambda: self.name("a parameter name"))
+        self.expect("{")
+        body = self.block()
+        self.expect("}")
+        return Function(name, params, body)
+
+    def block(self) -> Block:
+        comment = self.comment()
+        self.expect_word("block")
+        name = self.name("a block name")
+        idxs = self.listed("]", self.index) if self.accept("[") else ()
+        tags = []
+        while self.tok.kind == "tag":
+            tags.append(self.word("tag", "a tag"))
+        self.expect("(")
+        constraints: list[Affine] = []
+        refs: list[Refinement] = []
+        while not self.accept(")"):
+            if self.tok.text in DIRECTIONS and self.peek().kind == "name":
+                refs.append(self.refinement())
+            else:
+                constraints.append(self.constraint())
+        self.expect("{")
+        stmts: list[Statement] = []
+        while not self.accept("}"):
+            stmts.append(self.statement())
+        return Block(name, idxs, tuple(constraints), tuple(refs), tuple(stmts),
+                     frozenset(tags), comment)
+
+    def comment(self) -> str:
+        lines = []
+        while self.tok.kind == "comment":
+            text = self.advance().text[2:]
+            lines.append(text.removeprefix(" "))
+        if lines and not self.at_word("block"):
+            raise self.error("'block' after a comment",
+                             "comments are kept only as the comment of the block that follows")
+        return "\n".join(lines)
+
+    def index(self) -> Index:
+        name = self.name("an index name")
+        size = self.integer("an index range") if self.accept(":") else None
+        if self.accept("="):
+            return Index(name, 1 if size is None else size, self.affine())
+        if size is None:
+            raise self.error("':' and a range, or '=' and the value passed in")
+        return Index(name, size)
+
+    def constraint(self) -> Affine:
+        expr = self.affine()
+        self.expect(">=")
+        if self.tok.kind != "int" or self.tok.text != "0":
+            raise self.error("'0'", "constraints are written `expr >= 0`")
+        self.advance()
+        return expr
+
+    def refinement(self) -> Refinement:
+        direction = self.advance().text
+        into = self.name("a refinement name")
+        from_ = self.name("the parent's buffer name") if self.accept("<-") else ""
+        self.expect("[")
+        access = self.listed("]", self.affine)
+        dtype = self.dtype()
+        self.expect("(")
+        dims = self.listed(")", self.dim)
+        agg = "assign"
+        if self.accept(":"):
+            tok = self.tok
+            agg = self.name("an aggregation")
+            if agg not in AGG_OPS:
+                raise IRError(f"unknown aggregation '{agg}'", tok.loc, "one of: " +
+                              ", ".join(AGG_OPS))
+        location = self.word("location", "a location") if self.tok.kind == "location" else None
+        return Refinement(direction, from_, into, access, TensorShape(dtype, dims), agg, location)
+
+    def dim(self) -> Dim:
+        size = self.integer("a size")
+        self.expect(":")
+        return Dim(size, self.integer("a stride"))
+
+    def affine(self) -> Affine:
+        terms: dict[str, int] = {}
+        const = 0
+        sign = -1 if self.accept("-") else 1
+        while True:
+            if self.tok.kind == "int":
+                value = sign * int(self.advance().text)
+                if self.accept("*"):
+                    name = self.name("an index name after '*'")
+                    terms[name] = terms.get(name, 0) + value
+                else:
+                    const += value
+            elif self.tok.kind == "name":
+                name = self.advance().text
+                terms[name] = terms.get(name, 0) + sign
+            else:
+                raise self.error("an affine term (integer, index or integer*index)")
+            if self.accept("+"):
+                sign = 1
+            elif self.accept("-"):
+                sign = -1
+            else:
+                return Affine.of(terms, const)
+
+    # -------------------------------------------------------------- statements
+    def statement(self) -> Statement:
+        if self.tok.kind == "comment" or (self.at_word("block") and self.peek().kind == "name"):
+            return self.block()
+        if self.at_word("special") and self.peek().kind == "name":
+            return self.special()
+        if self.tok.kind == "scalar":
+            into = self.advance().text
+            self.expect("=")
+            return self.scalar_definition(into)
+        if self.tok.kind == "name" and self.peek().text == "=":
+            ref = self.advance().text
+            self.expect("=")
+            self.expect_word("store")
+            self.expect("(")
+            value = self.expect_kind("scalar", "a scalar ($name)").text
+            self.expect(")")
+            return Store(ref, value)
+        raise self.error("a statement ($x = ..., BUF = store($x), special, block or '}')")
+
+    def scalar_definition(self, into: str) -> Statement:
+        op = self.name("load, index, const or an intrinsic")
+        self.expect("(")
+        if op == "load":
+            ref = self.name("a refinement name")
+            dynamic = self.listed("]", self.dynamic_offset) if self.accept("[") else ()
+            self.expect(")")
+            return Load(into, ref, dynamic)
+        if op == "index":
+            value = self.affine()
+            self.expect(")")
+            return LoadIndex(into, value)
+        if op == "const":
+            number = self.number()
+            self.expect(",")
+            dtype = self.dtype()
+            self.expect(")")
+            return Constant(into, number, dtype)
+        inputs = self.listed(")", lambda: self.expect_kind("scalar", "a scalar ($name)").text)
+        self.expect(":")
+        return Intrinsic(op, inputs, into, self.dtype())
+
+    def dynamic_offset(self) -> str | None:
+        if self.at_word("_"):
+            self.advance()
+            return None
+        return self.expect_kind("scalar", "a scalar offset ($name) or '_'").text
+
+    def number(self) -> int | float | bool:
+        negative = self.accept("-")
+        tok = self.advance()
+        value: int | float | bool
+        if tok.kind == "int":
+            value = int(tok.text)
+        elif tok.kind == "float":
+            value = float(tok.text)
+        elif tok.kind == "name" and tok.text in _SPECIAL_FLOATS:
+            value = _SPECIAL_FLOATS[tok.text]
+        elif tok.kind == "name" and tok.text in ("true", "false") and not negative:
+            return tok.text == "true"
+        else:
+            raise IRError(f"expected a number, found {tok}", tok.loc)
+        return -value if negative else value
+
+    def special(self) -> Special:
+        self.expect_word("special")
+        name = self.name("a special's name")
+        self.expect("(")
+        inputs = self.listed(")", lambda: self.name("an input buffer"))
+        self.expect("->")
+        self.expect("(")
+        outputs = self.listed(")", lambda: self.name("an output buffer"))
+        params = self.listed("}", self.special_param) if self.accept("{") else ()
+        return Special(name, inputs, outputs, params)
+
+    def special_param(self) -> tuple[str, str]:
+        key = self.name("a parameter name")
+        self.expect("=")
+        return key, json.loads(self.expect_kind("string", 'a quoted value ("...")').text)

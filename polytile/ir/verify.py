@@ -1,0 +1,332 @@
+"""The Stripe rules (§3.1-3.2) every IR function must keep; `verify` raises at the first break.
+
+Scopes and types, checked per block:
+
+* names are words and unique in their block; the function's parameters are exactly
+  the top-level `in|out|inout` refinements;
+* a refinement's `<- parent` names a refinement of the parent block, with the same
+  dtype, rank and strides; only the top-level block has parameters, and a nested
+  block's refinement without a parent is a local allocation (`none`);
+* indices, constraints, refinement offsets and `index(...)` are affine in the
+  block's own indices; a passed-in index (`i = 4*i1`) is affine in the parent's;
+* loads and stores name refinements of their own block; scalars are defined before
+  use and assigned once; a store's scalar has the buffer's dtype; dynamic offsets
+  are integers;
+* nothing writes an `in` buffer (a store, a special's output, or a child's
+  `out|inout` view of it); a child that writes with another aggregation than its
+  parent's view needs the parent's to be `assign` (only then is the combination
+  of the child's writes well defined).
+
+Integer-set rules, proved with isl over the whole nest (ancestors' ranges and
+constraints included, see `polytile.ir.polyhedra`):
+
+* every child view lies inside its parent's view for every iteration that runs;
+* two iterations of a block never write one element of an `assign` view;
+* no iteration reads an element that another iteration of the same block writes
+  (Definition 2.2: iterations share data only through the aggregation).
+Local allocations are private to each iteration of their block, so they are exempt.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from polytile import dtypes
+from polytile.errors import IRError
+from polytile.ir import intrinsics, polyhedra
+from polytile.ir.nodes import (
+    AGG_OPS,
+    DIRECTIONS,
+    Affine,
+    Block,
+    Constant,
+    Function,
+    Intrinsic,
+    Load,
+    LoadIndex,
+    Refinement,
+    Special,
+    Store,
+)
+from polytile.ir.parser import NAME
+from polytile.ir.polyhedra import READ, WRITE, Conj, Scope
+
+WRITES = ("out", "inout")
+
+
+def verify(fn: Function) -> None:
+    """Raise `IRError` naming the block and buffer of the first rule `fn` breaks."""
+    _check_params(fn)
+    _check_block(fn.body, None, fn.body.name)
+    _check_sets(Scope.root(fn.body), None)
+
+
+def _fail(path: str, message: str, hint: str | None = None) -> IRError:
+    return IRError(f"block {path}: {message}", None, hint)
+
+
+def _check_params(fn: Function) -> None:
+    declared = [r.into for r in fn.body.refs if not r.from_ and r.dir != "none"]
+    if len(set(fn.params)) != len(fn.params):
+        raise IRError(f"function {fn.name}: a parameter is listed twice in {fn.params}")
+    if set(fn.params) != set(declared):
+        raise IRError(f"function {fn.name}: parameters {list(fn.params)} differ from the "
+                      f"top-level in/out/inout refinements {declared}",
+                      hint="list every top-level buffer that is not `none` as a parameter")
+
+
+# ---------------------------------------------------------------- scopes and types
+
+def _check_block(block: Block, parent: Block | None, path: str) -> None:
+    _check_names(path, "block", [block.name])
+    _check_names(path, "index", [i.name for i in block.idxs])
+    _check_names(path, "refinement", [r.into for r in block.refs])
+    own = {i.name for i in block.idxs}
+    for idx in block.idxs:
+        if idx.affine is None:
+            if idx.range < 0:
+                raise _fail(path, f"index {idx.name} has negative range {idx.range}")
+            continue
+        if parent is None:
+            raise _fail(path, f"index {idx.name} is passed in, but the top block has no parent")
+        if idx.range != 1:
+            raise _fail(path, f"passed-in index {idx.name} has range {idx.range}, not 1")
+        _check_affine(path, f"the value of index {idx.name}", idx.affine,
+                      {i.name for i in parent.idxs}, "the parent's indices")
+    for c in block.constraints:
+        _check_affine(path, f"constraint {c} >= 0", c, own, "the block's indices")
+    for ref in block.refs:
+        _check_refinement(ref, block, parent, path)
+    _check_statements(block, path)
+    for stmt in block.stmts:
+        if isinstance(stmt, Block):
+            _check_block(stmt, block, f"{path}/{stmt.name}")
+
+
+def _check_names(path: str, what: str, names: list[str]) -> None:
+    seen: set[str] = set()
+    for name in names:
+        if not NAME.fullmatch(name):
+            raise _fail(path, f"{what} name {name!r} is not a word (letters, digits, _)")
+        if name in seen:
+            raise _fail(path, f"{what} {name} is declared twice")
+        seen.add(name)
+
+
+def _check_affine(path: str, what: str, a: Affine, visible: set[str], scope: str) -> None:
+    unknown = [n for n in a.names if n not in visible]
+    if unknown:
+        raise _fail(path, f"{what} uses {', '.join(unknown)}, which is not one of {scope} "
+                    f"({', '.join(sorted(visible)) or 'none'})",
+                    "a child sees a parent's index only when it is passed in, e.g. [i = i1]")
+
+
+def _check_refinement(ref: Refinement, block: Block, parent: Block | None, path: str) -> None:
+    name = ref.into
+    if ref.dir not in DIRECTIONS or ref.agg not in AGG_OPS:
+        raise _fail(path, f"refinement {name} has direction {ref.dir!r} and aggregation "
+                    f"{ref.agg!r}", f"directions: {DIRECTIONS}; aggregations: {AGG_OPS}")
+    rank = len(ref.shape.dims)
+    if len(ref.access) != rank:
+        raise _fail(path, f"refinement {name} has {len(ref.access)} offsets for {rank} dims")
+    if any(d.size < 0 for d in ref.shape.dims):
+        raise _fail(path, f"refinement {name} has a negative size {ref.shape.sizes}")
+    for a in ref.access:
+        _check_affine(path, f"the offset of {name}", a, {i.name for i in block.idxs},
+                      "the block's indices")
+    if not ref.from_:
+        if parent is not None and ref.dir != "none":
+            raise _fail(path, f"refinement {name} has no parent buffer, so it must be a "
+                        f"local allocation (`none`), not `{ref.dir}`",
+                        f"write `{ref.dir} {name} <- BUFFER[...]` to use a parent's buffer")
+        if any(a != Affine.constant(0) for a in ref.access):
+            raise _fail(path, f"{name} is a parameter or allocation, so its offsets must be 0")
+        if any(d.stride < 0 for d in ref.shape.dims):
+            raise _fail(path, f"allocation {name} has a negative stride")
+        return
+    if parent is None or ref.dir == "none":
+        raise _fail(path, f"refinement {name} <- {ref.from_}: only a nested block's "
+                    "`in|out|inout` refinement takes a parent buffer")
+    try:
+        outer = parent.ref(ref.from_)
+    except KeyError:
+        raise _fail(path, f"refinement {name} <- {ref.from_}: the parent block "
+                    f"{parent.name} declares no buffer {ref.from_}",
+                    "a block sees only its parent's refinements") from None
+    if (ref.shape.dtype, rank) != (outer.shape.dtype, len(outer.shape.dims)):
+        raise _fail(path, f"refinement {name} is {ref.shape.dtype} of rank {rank} but its "
+                    f"parent {ref.from_} is {outer.shape.dtype} of rank {len(outer.shape.dims)}")
+    if [d.stride for d in ref.shape.dims] != [d.stride for d in outer.shape.dims]:
+        raise _fail(path, f"refinement {name} has strides {[d.stride for d in ref.shape.dims]}"
+                    f" but its parent {ref.from_} has {[d.stride for d in outer.shape.dims]}",
+                    "strides count elements of the underlying buffer, so views keep them")
+    if ref.dir in WRITES and outer.dir == "in":
+        raise _fail(path, f"refinement {name} writes ({ref.dir}) the parent's `in` buffer "
+                    f"{ref.from_}", f"make {ref.from_} inout in {parent.name}")
+    if ref.dir in WRITES and ref.agg != outer.agg and outer.agg != "assign":
+        raise _fail(path, f"refinement {name} aggregates with {ref.agg} inside the parent's "
+                    f"{ref.from_}, which aggregates with {outer.agg}",
+                    "use the parent's aggregation, or make the parent's view `assign`")
+
+
+def _check_statements(block: Block, path: str) -> None:
+    refs = {r.into: r for r in block.refs}
+    scalars: dict[str, dtypes.DType] = {}
+
+    def ref_of(name: str, what: str) -> Refinement:
+        if name not in refs:
+            raise _fail(path, f"{what} names buffer {name}, which the block does not declare",
+                        "declare a refinement for it in the block's header")
+        return refs[name]
+
+    def use(names: Iterable[str | None], what: str) -> list[dtypes.DType]:
+        for n in names:
+            if n is not None and n not in scalars:
+                raise _fail(path, f"{what} uses scalar {n} before it is defined")
+        return [scalars[n] for n in names if n is not None]
+
+    def define(name: str, dtype: dtypes.DType) -> None:
+        if not (name.startswith("$") and NAME.fullmatch(name[1:])):
+            raise _fail(path, f"scalar name {name!r} must be $ and a word")
+        if name in scalars:
+            raise _fail(path, f"scalar {name} is assigned twice",
+                        "scalars are single-assignment; use a new name")
+        scalars[name] = dtype
+
+    def writable(name: str, what: str) -> Refinement:
+        ref = ref_of(name, what)
+        if ref.dir == "in":
+            raise _fail(path, f"{what} writes {name}, which is an `in` refinement",
+                        f"declare {name} out or inout")
+        return ref
+
+    for stmt in block.stmts:
+        if isinstance(stmt, Load):
+            ref = ref_of(stmt.ref, f"load into {stmt.into}")
+            if stmt.dynamic and len(stmt.dynamic) != len(ref.shape.dims):
+                raise _fail(path, f"load of {stmt.ref} has {len(stmt.dynamic)} offsets for "
+                            f"{len(ref.shape.dims)} dims")
+            _check_static_dims(path, ref, stmt.dynamic or (None,) * len(ref.shape.dims))
+            if any(not t.is_integral for t in use(stmt.dynamic, f"load of {stmt.ref}")):
+                raise _fail(path, f"load of {stmt.ref} has a non-integer dynamic offset")
+            define(stmt.into, ref.shape.dtype)
+        elif isinstance(stmt, Store):
+            ref = writable(stmt.ref, f"store of {stmt.value}")
+            _check_static_dims(path, ref, (None,) * len(ref.shape.dims))
+            (value,) = use([stmt.value], f"store to {stmt.ref}")
+            if value != ref.shape.dtype:
+                raise _fail(path, f"store of {value} scalar {stmt.value} into {ref.shape.dtype} "
+                            f"buffer {stmt.ref}", "convert first: $y = cast($x) : dtype")
+        elif isinstance(stmt, LoadIndex):
+            _check_affine(path, f"index({stmt.value})", stmt.value,
+                          {i.name for i in block.idxs}, "the block's indices")
+            define(stmt.into, dtypes.INT64)
+        elif isinstance(stmt, Constant):
+            define(stmt.into, stmt.dtype)
+        elif isinstance(stmt, Intrinsic):
+            _check_intrinsic(path, stmt)
+            use(stmt.inputs, f"{stmt.op} into {stmt.into}")
+            define(stmt.into, stmt.dtype)
+        elif isinstance(stmt, Special):
+            for name in stmt.inputs:
+                ref_of(name, f"special {stmt.name}")
+            for name in stmt.outputs:
+                writable(name, f"special {stmt.name}")
+
+
+def _check_static_dims(path: str, ref: Refinement, dynamic: tuple[str | None, ...]) -> None:
+    """A static subscript reads the view's origin, which must exist."""
+    for d, (dyn, dim) in enumerate(zip(dynamic, ref.shape.dims)):
+        if dyn is None and dim.size < 1:
+            raise _fail(path, f"{ref.into} is accessed at its origin but dimension {d} is empty")
+
+
+def _check_intrinsic(path: str, stmt: Intrinsic) -> None:
+    info = intrinsics.OPS.get(stmt.op)
+    if info is None:
+        raise _fail(path, f"unknown intrinsic {stmt.op!r} into {stmt.into}",
+                    "see polytile.ir.intrinsics.OPS")
+    if len(stmt.inputs) != info.arity:
+        raise _fail(path, f"{stmt.op} takes {info.arity} operands, got {len(stmt.inputs)}")
+    if info.result == intrinsics.BOOL and stmt.dtype != dtypes.BOOL:
+        raise _fail(path, f"{stmt.op} gives bool, not {stmt.dtype} ({stmt.into})")
+    if info.result == intrinsics.FLOAT and not stmt.dtype.is_float:
+        raise _fail(path, f"{stmt.op} gives a float, not {stmt.dtype} ({stmt.into})")
+
+
+# ---------------------------------------------------------------- integer sets (isl)
+
+def _check_sets(scope: Scope, parent: Block | None) -> None:
+    block = scope.block
+    for ref in block.refs:
+        if ref.from_ and parent is not None:
+            _check_inside(scope, ref, parent.ref(ref.from_))
+        if ref.dir != "none":       # allocations are private to each iteration
+            _check_iterations(scope, ref)
+    for stmt in block.stmts:
+        if isinstance(stmt, Block):
+            _check_sets(scope.child(stmt), block)
+
+
+def _check_inside(scope: Scope, ref: Refinement, outer: Refinement) -> None:
+    for d, (a, dim, pdim) in enumerate(zip(ref.access, ref.shape.dims, outer.shape.dims)):
+        if dim.size < 1:
+            continue
+        lo = scope.affine(a)
+        for bad in (lo.scale(-1) - 1, lo + (dim.size - pdim.size - 1)):
+            piece = scope.domain & Conj((), (), (bad,))
+            point = polyhedra.witness(polyhedra.to_set(scope.variables, [(piece,)]),
+                                      scope.variables)
+            if point is not None:
+                start = lo.evaluate(point)
+                raise _fail(scope.path, f"view {ref.into} <- {ref.from_} spans "
+                            f"{start}..{start + dim.size - 1} in dimension {d}, outside the "
+                            f"parent's 0..{pdim.size - 1}, at {_at(scope, point)}",
+                            "shrink the view, add a constraint, or split off boundary tiles")
+
+
+def _check_iterations(scope: Scope, ref: Refinement) -> None:
+    """No element of `ref` written by one iteration is written (under assign) or read by
+    another iteration of the same block."""
+    if not scope.iterated:
+        return
+    coords, writes = polyhedra.parent_footprint(scope, ref.into, WRITE)
+    if not writes:
+        return
+    other = {v: f"{v}_q" for v in scope.own}
+    free = scope.variables + tuple(other.values()) + coords
+    differ = polyhedra.distinct((v, other[v]) for v in scope.iterated)
+    checks = [("write", writes)] if ref.agg == "assign" else []
+    checks.append(("read", polyhedra.parent_footprint(scope, ref.into, READ)[1]))
+    for verb, touched in checks:
+        theirs = tuple(_renamed(c, other) for c in touched)
+        point = polyhedra.witness(polyhedra.to_set(free, [writes, theirs, differ]), free) \
+            if theirs else None
+        if point is None:
+            continue
+        element = ", ".join(str(point[x]) for x in coords)
+        mine = _at(scope, point, own_only=True)
+        yours = _at(scope, {v: point[q] for v, q in other.items()}, own_only=True)
+        if verb == "write":
+            raise _fail(scope.path, f"iterations ({mine}) and ({yours}) both write element "
+                        f"[{element}] of {_viewed(ref)}, whose aggregation is assign",
+                        f"give {ref.into} an aggregation (:add, :max, ...) or make the "
+                        "written element depend on every index")
+        raise _fail(scope.path, f"iteration ({yours}) reads element [{element}] of {_viewed(ref)}"
+                    f" that iteration ({mine}) writes",
+                    "iterations of a block share data only through the aggregation; "
+                    "split the block in two")
+
+
+def _viewed(ref: Refinement) -> str:
+    return f"{ref.from_} (viewed as {ref.into})" if ref.from_ not in ("", ref.into) else ref.into
+
+
+def _renamed(conj: Conj, other: Mapping[str, str]) -> Conj:
+    names = dict(other)
+    names.update({h: f"{h}_q" for h in conj.hidden})
+    return conj.rename(names)
+
+
+def _at(scope: Scope, point: Mapping[str, int], own_only: bool = False) -> str:
+    names = scope.own if own_only else scope.variables
+    return ", ".join(f"{scope.label(v)}={point[v]}" for v in names if v in point) or "the block"

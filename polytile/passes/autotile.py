@@ -1,0 +1,218 @@
+"""autotile (Stripe §3.3): choose each kernel's schedule from a cost model and apply it.
+
+For every leaf kernel block:
+
+1. vector index: an index that is stride-1 (coefficient 1 in the innermost,
+   unit-stride dimension, absent elsewhere) in every view that uses it and that
+   no data-dependent offset depends on. A parallel one gives outer-product
+   micro-kernels (matmul, elementwise); a reduction one gives dot-product
+   kernels with a horizontal sum (tmm, row reductions).
+2. register tile: up to two other parallel indices that some input does not
+   depend on (its loads are reused across the unrolled copies), with as many
+   accumulators as the target's vector registers allow.
+3. cache tile: sizes of the parallel indices and of the largest reduction index
+   that minimize cache lines touched per multiply-accumulate while the tile's
+   footprint fits half of L2 and the outer loop keeps every core busy
+   (coordinate descent over multiples of the register tile).
+
+    block s1 [i0:128, i1:32, i2:256] #contraction     ->   block s1 [i0_c:2, i1_c:1] #tiled #parallel
+      out o0[i0, i1]:add  in p0[i0, i2]  in p1[i1, i2]        block s1_tile [i0_r:..] #regtiles
+                                                                 block [i0:4, i1:4, i2:256] #regtile #vec=i2
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from typing import Any
+
+from polytile.ir import nodes as N
+from polytile.passes.pipeline import PASSES
+from polytile.passes.schedule import Schedule, apply_schedule, _is_parallel
+from polytile.targets.target import Target
+
+VECTOR_DTYPES = ("float32", "float64", "int32", "int64")
+PARALLEL_MIN_WORK = 1 << 16      # iterations below which a kernel runs on one thread
+
+
+def scalar_indices(block: N.Block) -> dict[str, frozenset[str]]:
+    """For each scalar of a leaf block, the indices its value depends on."""
+    deps: dict[str, frozenset[str]] = {}
+    refs = {r.into: r for r in block.refs}
+    for s in block.stmts:
+        if isinstance(s, N.Load):
+            ref = refs[s.ref]
+            names = {n for a in ref.access for n in a.names}
+            names |= {n for d in s.dynamic if d for n in deps[d]}
+            deps[s.into] = frozenset(names)
+        elif isinstance(s, N.LoadIndex):
+            deps[s.into] = frozenset(s.value.names)
+        elif isinstance(s, N.Constant):
+            deps[s.into] = frozenset()
+        elif isinstance(s, N.Intrinsic):
+            deps[s.into] = frozenset().union(*(deps[a] for a in s.inputs))
+    return deps
+
+
+def vector_candidates(block: N.Block) -> list[str]:
+    """Indices that can run across SIMD lanes with plain (unit-stride) vector loads."""
+    deps = scalar_indices(block)
+    dynamic_deps: set[str] = set()
+    for s in block.stmts:
+        if isinstance(s, N.Load):
+            for d in s.dynamic:
+                if d:
+                    dynamic_deps |= deps[d]
+        if isinstance(s, N.LoadIndex):
+            dynamic_deps |= set(s.value.names)   # index values are not vectorized (yet)
+    out = []
+    for idx in block.idxs:
+        if idx.affine is not None or idx.name in dynamic_deps or idx.range < 2:
+            continue
+        if all(_unit_stride(r, idx.name) for r in block.refs):
+            out.append(idx.name)
+    return out
+
+
+def _unit_stride(ref: N.Refinement, index: str) -> bool:
+    uses = [(d, a.coeff(index)) for d, a in enumerate(ref.access) if a.coeff(index)]
+    if not uses:
+        return True
+    if len(uses) != 1:
+        return False
+    d, c = uses[0]
+    return c == 1 and ref.shape.dims[d].stride == 1
+
+
+def _footprint(block: N.Block, tile: dict[str, int], line: int) -> tuple[int, int]:
+    """(bytes, cache lines) of all views over one tile."""
+    total_bytes = total_lines = 0
+    for ref in block.refs:
+        elem = max(1, ref.shape.dtype.bits // 8)
+        extents = []
+        for a, dim in zip(ref.access, ref.shape.dims):
+            extents.append(dim.size + sum(abs(c) * (tile.get(n, 1) - 1) for n, c in a.terms))
+        if not extents:
+            total_bytes += elem
+            total_lines += 1
+            continue
+        inner = min(range(len(extents)), key=lambda d: ref.shape.dims[d].stride)
+        rows = math.prod(e for d, e in enumerate(extents) if d != inner)
+        contiguous = ref.shape.dims[inner].stride == 1
+        per_row = math.ceil(extents[inner] * elem / line) + 1 if contiguous else extents[inner]
+        total_bytes += math.prod(extents) * elem
+        total_lines += rows * per_row
+    return total_bytes, total_lines
+
+
+def choose_schedule(block: N.Block, target: Target) -> Schedule:
+    loops = {i.name: i.range for i in block.idxs if i.affine is None}
+    out = next((r for r in block.refs if r.dir in ("out", "inout")), None)
+    if out is None or not loops:
+        return Schedule(parallel=False)
+    dtype = out.shape.dtype
+    parallel = [n for n in loops if _is_parallel(block, n)]
+    reductions = [n for n in loops if n not in parallel]
+    lanes = target.vector_bytes // max(1, dtype.bits // 8)
+    vector = None
+    if dtype.name in VECTOR_DTYPES and all(r.shape.dtype == dtype for r in block.refs):
+        candidates = vector_candidates(block)
+        ranked = ([n for n in candidates if n in parallel and loops[n] >= lanes]
+                  + [n for n in candidates if n in reductions and loops[n] >= lanes]
+                  + [n for n in candidates if n in parallel])
+        vector = ranked[0] if ranked else None
+    registers = max(8, target.vector_registers - 8)
+    vectors = 1
+    if vector in parallel and loops[vector] >= 2 * lanes and registers >= 16:
+        vectors = 2
+    unroll: list[tuple[str, int]] = []
+    if vector is not None:
+        inputs = [r for r in block.refs if r.dir == "in"]
+        reuse = {n: sum(1 for r in inputs if not any(a.coeff(n) for a in r.access))
+                 for n in parallel if n != vector and loops[n] > 1}
+        picks = sorted((n for n in reuse if reuse[n] > 0), key=lambda n: (-reuse[n], n))[:2]
+        budget = registers // vectors
+        if len(picks) == 2:
+            f0 = min(loops[picks[0]], 4)
+            f1 = min(loops[picks[1]], max(1, budget // f0), 4)
+            unroll = [(picks[0], f0), (picks[1], f1)]
+        elif picks:
+            unroll = [(picks[0], min(loops[picks[0]], budget, 12 if vectors == 2 else 8))]
+    tiles = _cache_tiles(block, loops, parallel, reductions, dict(unroll), vector,
+                         lanes * vectors, target)
+    # An OpenMP region costs microseconds: not worth it for tiny kernels.
+    work = math.prod(loops.values())
+    return Schedule(vector, lanes if vector else 1, tuple(unroll), vectors if vector else 1,
+                    tuple(sorted(tiles.items())), parallel=work >= PARALLEL_MIN_WORK)
+
+
+def _cache_tiles(block: N.Block, loops: dict[str, int], parallel: list[str],
+                 reductions: list[str], unroll: dict[str, int], vector: str | None,
+                 vector_tile: int, target: Target) -> dict[str, int]:
+    """Coordinate descent over tile sizes minimizing lines/MAC under the L2 budget,
+    keeping at least two outer tiles per core when the problem allows it."""
+    cores = max(1, _cores())
+    budget = target.cache_size("L2") // 2
+    line = target.cache_line_bytes
+
+    def step(n: str) -> int:
+        if n == vector and n in parallel:
+            return vector_tile
+        return unroll.get(n, 1)
+
+    def candidates(n: str) -> list[int]:
+        base = step(n)
+        values, m = [], base
+        while m < loops[n]:
+            values.append(m)
+            m *= 2
+        values.append(loops[n])
+        return values
+
+    tiled = list(parallel) + ([max(reductions, key=lambda n: loops[n])] if reductions else [])
+    tile = {n: loops[n] for n in loops}
+
+    def cost(t: dict[str, int]) -> float:
+        size, lines = _footprint(block, t, line)
+        macs = math.prod(t.values())
+        outer = math.prod(-(-loops[n] // t[n]) for n in parallel) if parallel else 1
+        penalty = 0.0 if size <= budget else 10.0 * size / budget
+        if outer < 2 * cores and math.prod(loops[n] for n in parallel) >= 2 * cores * 64:
+            penalty += 1.0
+        waste = math.prod(-(-loops[n] // t[n]) * t[n] for n in tiled) / math.prod(
+            loops[n] for n in tiled)
+        return lines / macs * waste + penalty
+
+    best = cost(tile)
+    for _ in range(3):
+        improved = False
+        for n in tiled:
+            for value in candidates(n):
+                trial = dict(tile)
+                trial[n] = value
+                c = cost(trial)
+                if c < best - 1e-12:
+                    best, tile, improved = c, trial, True
+        if not improved:
+            break
+    return {n: v for n, v in tile.items() if v < loops[n]}
+
+
+def _cores() -> int:
+    import os
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def autotile(fn: N.Function, target: Target, params: dict[str, Any]) -> N.Function:
+    """Apply the default (or `params["schedules"]`-given) schedule to every kernel block."""
+    given: dict[str, Schedule] = params.get("schedules", {})
+    stmts = []
+    for s in fn.body.stmts:
+        if isinstance(s, N.Block) and "kernel" in s.tags and not any(
+                isinstance(x, N.Block) for x in s.stmts):
+            schedule = given.get(s.name) or choose_schedule(s, target)
+            s = apply_schedule(s, schedule, fn.body)
+        stmts.append(s)
+    return replace(fn, body=replace(fn.body, stmts=tuple(stmts)))
+
+
+PASSES["autotile"] = autotile
