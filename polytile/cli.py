@@ -3,6 +3,7 @@
     polytile check FILE.tc [--sizes M=128,K=64]
     polytile show FILE.tc --stage ast|program|ir|c [--sizes ...] [--function NAME]
     polytile cache info|clear
+    polytile bench [--quick] [--only NAME[,NAME]] [--latency] [--no-write] [--repeats N]
 """
 from __future__ import annotations
 
@@ -117,6 +118,44 @@ def cmd_cache(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench(args: argparse.Namespace) -> int:
+    from polytile.bench.command import run
+
+    return run(args)
+
+
+def _add_bench_arguments(parser: argparse.ArgumentParser) -> None:
+    # Declared here, not in polytile.bench, so that parsing imports nothing of the bench.
+    parser.add_argument("--quick", action="store_true",
+                        help="small sizes and short blocks: a smoke run")
+    parser.add_argument("--only", type=_names, default=None, metavar="NAME[,NAME]",
+                        help="only these workloads (a family like tmm, or a full name like "
+                             "'tmm 128x32x256'); with --latency, these examples")
+    parser.add_argument("--latency", action="store_true",
+                        help="measure first-call, cached-call and dispatch latency instead")
+    parser.add_argument("--no-write", action="store_true",
+                        help="print only; do not write benchmarks/RESULTS.md")
+    parser.add_argument("--repeats", type=_positive, default=None, metavar="N",
+                        help="timing rounds per workload (default 5, quick 3); with "
+                             "--latency, processes per example (default 3, quick 1)")
+    parser.add_argument("--backend", choices=("c", "interp"), default="c",
+                        help=argparse.SUPPRESS)
+    parser.add_argument("--blas-env-removed", default="", help=argparse.SUPPRESS)
+
+
+def _names(text: str) -> list[str]:
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError("expected NAME[,NAME]")
+    return names
+
+
+def _positive(text: str) -> int:
+    if not text.strip().isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return int(text)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="polytile", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -136,6 +175,10 @@ def main(argv: list[str] | None = None) -> int:
     cache = sub.add_parser("cache", help="inspect or clear the compilation cache")
     cache.add_argument("action", choices=("info", "clear"))
     cache.set_defaults(run=cmd_cache)
+    bench = sub.add_parser("bench", help="benchmark against NumPy and PyTorch; writes "
+                           "benchmarks/RESULTS.md")
+    _add_bench_arguments(bench)
+    bench.set_defaults(run=cmd_bench)
     args = parser.parse_args(argv)
     try:
         return int(args.run(args))

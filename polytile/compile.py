@@ -31,6 +31,7 @@ from polytile.sema.specialize import Specialized
 from polytile.targets.target import Target
 
 _CACHES: dict[Config, KernelCache] = {}
+SYMBOL = "polytile_kernel"
 
 
 def kernel_cache(config: Config) -> KernelCache:
@@ -63,16 +64,17 @@ class Compiler:
                                                  openmp=self.target.openmp, extra=extra))
 
     def compile(self, spec: Specialized) -> "CompiledFunction":
-        from polytile.codegen.c import generate_c, symbol_for
+        from polytile.codegen.c import COptions, generate_c
         cache = kernel_cache(self.config)
         fn = self.ir(spec)
         text = format_function(fn)
         key = CacheKey(program=sha256_text(text), signature=_signature(spec),
                        target=self.target.identity, options=_options_text(self.options),
                        flags=self.flags(), compiler=cache.toolchain.identity)
-        library = cache.get_or_build(key, lambda: generate_c(fn).text)
-        kernel = Kernel(library.cdll, symbol_for(fn), len(fn.params))
-        return CompiledFunction(spec.fn, kernel, library.source_path)
+        options = COptions(symbol=SYMBOL)
+        library = cache.get_or_build(key, lambda: generate_c(fn, options).text)
+        kernel = Kernel(library.so_path, len(fn.params))
+        return CompiledFunction(spec, kernel, library.source_path)
 
 
 def _signature(spec: Specialized) -> str:
@@ -85,40 +87,61 @@ def _options_text(options: dict[str, Any]) -> str:
     return ";".join(f"{k}={options[k]!r}" for k in sorted(options))
 
 
-@dataclass
 class CompiledFunction:
-    """A native kernel for one shape set; `run` takes bound, checked arguments."""
+    """A native kernel for one shape set; `run` takes bound, checked arguments and
+    `run_fast` raw call arguments (returning None when they need the checked path)."""
 
-    fn: P.Function
-    kernel: Kernel
-    source_path: Any
+    def __init__(self, spec: Specialized, kernel: Kernel, source_path: Any):
+        self.fn = spec.fn
+        self.kernel = kernel
+        self.source_path = source_path
+        params = spec.fn.params
+        self._dtypes = tuple(p.dtype.numpy for p in params)
+        self._scalar = tuple(p.kind == "scalar" for p in params)
+        self._outputs = tuple((spec.shape(o.name), o.dtype.numpy) for o in spec.fn.outputs)
+        self._fast_ok = not spec.fn.inout
 
     def run(self, inputs: dict[str, np.ndarray], scalars: dict[str, Any],
             outputs: dict[str, np.ndarray]) -> None:
-        keep: list[np.ndarray] = []
-        pointers: list[int] = []
+        buffers: list[np.ndarray] = []
         for p in self.fn.params:
             if p.kind == "scalar":
-                array = np.array(scalars[p.name], dtype=p.dtype.numpy)
+                buffers.append(np.array(scalars[p.name], dtype=p.dtype.numpy))
             else:
-                array = np.ascontiguousarray(inputs[p.name])
-            keep.append(array)
-            pointers.append(array.ctypes.data)
+                buffers.append(np.ascontiguousarray(inputs[p.name]))
         copies: list[tuple[np.ndarray, np.ndarray]] = []
         for o in self.fn.outputs:
             target = outputs[o.name]
-            if not target.flags.c_contiguous:
+            if not target.flags.c_contiguous or not target.flags.writeable:
                 contiguous = np.ascontiguousarray(target)
                 copies.append((target, contiguous))
                 target = contiguous
-            keep.append(target)
-            pointers.append(target.ctypes.data)
-        failure = self.kernel(pointers)
-        if failure is not None:
-            names = [t.name for t in self.fn.params + self.fn.outputs]
-            tensor = names[failure.param] if 0 <= failure.param < len(names) else "?"
-            raise OutOfBoundsError(f"{tensor} is indexed at {failure.index} in dimension "
-                              f"{failure.dim}, outside its bounds (the index comes from data)",
-                              self.fn.loc, "check the values of the index tensor")
+            buffers.append(target)
+        self._check(self.kernel(buffers))
         for original, contiguous in copies:
             original[...] = contiguous
+
+    def run_fast(self, args: tuple[Any, ...]) -> Any:
+        if not self._fast_ok:
+            return None
+        buffers = []
+        for a, dtype, scalar in zip(args, self._dtypes, self._scalar):
+            if scalar:
+                if isinstance(a, np.ndarray) or (dtype.kind in "iub" and int(a) != a):
+                    return None
+                a = np.array(a, dtype=dtype)
+            elif type(a) is not np.ndarray or a.dtype != dtype or not a.flags.c_contiguous:
+                return None
+            buffers.append(a)
+        outs = [np.zeros(shape, dtype) for shape, dtype in self._outputs]
+        self._check(self.kernel(buffers + outs))
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+    def _check(self, failure: Any) -> None:
+        if failure is None:
+            return
+        names = [t.name for t in self.fn.params + self.fn.outputs]
+        tensor = names[failure.param] if 0 <= failure.param < len(names) else "?"
+        raise OutOfBoundsError(f"{tensor} is indexed at {failure.index} in dimension "
+                               f"{failure.dim}, outside its bounds (the index comes from data)",
+                               self.fn.loc, "check the values of the index tensor")

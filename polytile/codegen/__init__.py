@@ -2,5 +2,12 @@
 from polytile.codegen.c import COptions, CSource, generate_c
 from polytile.codegen.cabi import ERR_INDEX, ERR_NOMEM, ERR_WORDS, kernel_error
 
-__all__ = ["COptions", "CSource", "generate_c", "ERR_INDEX", "ERR_NOMEM", "ERR_WORDS",
-           "kernel_error"]
+__all__ = [
+           "ERR_INDEX",
+           "ERR_NOMEM",
+           "ERR_WORDS",
+           "COptions",
+           "CSource",
+           "generate_c",
+           "kernel_error",
+]

@@ -47,11 +47,35 @@ from dataclasses import dataclass
 
 from polytile import dtypes
 from polytile.codegen import cexpr
-from polytile.codegen.cscope import (Scope, Target, View, c_affine, child_view, extent,
-                                     resolve, root_view, safe, writes_disjoint)
+from polytile.codegen.cloops import IterationSpace, iteration_space
+from polytile.codegen.cscope import (
+    Scope,
+    Target,
+    View,
+    c_affine,
+    child_view,
+    extent,
+    resolve,
+    root_view,
+    safe,
+    writes_disjoint,
+)
 from polytile.errors import IRError, UnsupportedError
-from polytile.ir.nodes import (AGG_OPS, Affine, Block, Constant, Dim, Function, Intrinsic,
-                               Load, LoadIndex, Refinement, Special, Statement, Store)
+from polytile.ir.nodes import (
+    AGG_OPS,
+    Affine,
+    Block,
+    Constant,
+    Dim,
+    Function,
+    Intrinsic,
+    Load,
+    LoadIndex,
+    Refinement,
+    Special,
+    Statement,
+    Store,
+)
 
 _SYMBOL = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 _INDENT = "    "
@@ -73,7 +97,7 @@ class CSource:
 def generate_c(fn: Function, options: COptions | None = None) -> CSource:
     """The C99 source of `fn` (see the module docstring for the calling convention)."""
     options = options or COptions()
-    symbol = options.symbol or f"pt_{safe(fn.name)}"
+    symbol = f"pt_{safe(fn.name)}" if options.symbol is None else options.symbol
     if not _SYMBOL.fullmatch(symbol):
         raise IRError(f"{symbol!r} is not a valid C function name")
     return CSource(_FunctionWriter(fn, options).write(symbol), symbol)
@@ -81,22 +105,6 @@ def generate_c(fn: Function, options: COptions | None = None) -> CSource:
 
 def _indent(lines: list[str]) -> list[str]:
     return [_INDENT + line if line else line for line in lines]
-
-
-def _strip(expr: str) -> str:
-    """`expr` without parentheses that enclose all of it."""
-    while expr.startswith("(") and _closing(expr) == len(expr) - 1:
-        expr = expr[1:-1]
-    return expr
-
-
-def _closing(expr: str) -> int:
-    depth = 0
-    for pos, ch in enumerate(expr):
-        depth += {"(": 1, ")": -1}.get(ch, 0)
-        if depth == 0:
-            return pos
-    return -1
 
 
 def _read_scalars(block: Block) -> set[str]:
@@ -224,37 +232,45 @@ class _FunctionWriter:
 
     def block(self, blk: Block, outer: Scope, root: bool = False) -> list[str]:
         title = f"/* block {safe(blk.name)} */"
-        idx: dict[str, Affine] = {}
-        loops: list[tuple[str, int]] = []
-        for ix in blk.idxs:
-            if ix.affine is not None:
-                if ix.range != 1:
-                    raise IRError(f"passed index {ix.name!r} of block {blk.name!r} has "
-                                  f"range {ix.range}, not 1")
-                idx[ix.name] = resolve(ix.affine, outer.idx, f"passed index {ix.name!r}")
-            elif ix.range <= 0:
-                return [title, "/* empty: an index has range 0 */"]
-            elif ix.range == 1:
-                idx[ix.name] = Affine.constant(0)
+        space = iteration_space(blk, outer.idx, lambda: self.fresh("i"), self.needs)
+        if isinstance(space, str):
+            return [title, f"/* empty: {space} */"]
+        views, private = self.views(blk, outer, space.idx, root)
+        written = [views[r.into] for r in blk.refs if root or r.from_]
+        notes: list[str] = []
+        par_k = self.parallel_loop(blk, outer, space.loops, written, notes)
+        par_target = None
+        if par_k is not None:
+            par_target = Target(self.fresh("pt_next_"))
+        scope = Scope(space.idx, views, dict(outer.scalars), par_target or outer.fail,
+                      outer.parallel or par_k is not None)
+        jumps_before = self.jumps
+        body = self.body(blk, scope, private)
+        simd_k = None
+        if "vectorize" in blk.tags and self.options.openmp and space.loops:
+            nested = any(isinstance(st, Block) for st in blk.stmts)
+            if (not nested and self.jumps == jumps_before
+                    and writes_disjoint(space.loops[-1], set(), written)):
+                simd_k = len(space.loops) - 1
             else:
-                var = self.fresh("i")
-                idx[ix.name] = Affine.index(var)
-                loops.append((var, ix.range))
-        bounds = _LoopBounds(loops, self.needs)
-        guards: list[Affine] = []
-        for constraint in blk.constraints:
-            a = resolve(constraint, idx, f"a constraint of block {blk.name!r}")
-            if not bounds.fold(a):
-                if not a.terms and a.const < 0:
-                    return [title, "/* empty: a constraint never holds */"]
-                if a.terms:
-                    guards.append(a)
+                notes.append("/* tag vectorize ignored: the inner loop has checks, nested "
+                             "blocks or shared writes */")
+        lines = self.loop_nest(space, body, par_k, simd_k, par_target, outer.fail)
+        if space.guards:
+            cond = " && ".join(f"{c_affine(g)} >= 0" for g in space.guards)
+            lines = [f"if ({cond}) {{", *_indent(lines), "}"]
+        elif not space.loops and not root:
+            lines = ["{", *_indent(lines), "}"]
+        return [title, *notes, *lines]
 
-        views: dict[str, View] = dict(outer.views) if root else {}
+    def views(self, blk: Block, outer: Scope, idx: dict[str, Affine],
+              root: bool) -> tuple[dict[str, View], list[Refinement]]:
+        """The block's views of its parent's buffers, and its private local buffers."""
+        if root:    # the top-level refinements are the function's buffers
+            return dict(outer.views), []
+        views: dict[str, View] = {}
         private: list[Refinement] = []
         for ref in blk.refs:
-            if root:
-                continue
             if not ref.from_:
                 if ref.dir != "none":
                     raise IRError(f"refinement {ref.into!r} of block {blk.name!r} names no "
@@ -266,65 +282,51 @@ class _FunctionWriter:
                 raise IRError(f"refinement {ref.into!r} of block {blk.name!r} refers to "
                               f"{ref.from_!r}, which its parent does not declare")
             views[ref.into] = child_view(ref, parent, idx)
-        written = [views[r.into] for r in blk.refs if root or r.from_]
+        return views, private
 
-        notes: list[str] = []
-        loop_vars = [v for v, _ in loops]
-        par_k = None
-        if "parallel" in blk.tags and self.options.openmp and not outer.parallel and loops:
-            par_k = next((k for k, v in enumerate(loop_vars)
-                          if writes_disjoint(v, set(loop_vars[k + 1:]), written)), None)
-            if par_k is None:
-                notes.append("/* tag parallel ignored: iterations may write the same element */")
-        par_target = Target(f"pt_next_{self.counters['pt_next_']}") if par_k is not None else None
-        if par_target is not None:
-            self.fresh("pt_next_")
+    def parallel_loop(self, blk: Block, outer: Scope, loops: list[str], written: list[View],
+                      notes: list[str]) -> int | None:
+        """Which loop (position) of a "parallel" block runs its iterations in threads."""
+        if "parallel" not in blk.tags or not self.options.openmp or outer.parallel or not loops:
+            return None
+        k = next((k for k, var in enumerate(loops)
+                  if writes_disjoint(var, set(loops[k + 1:]), written)), None)
+        if k is None:
+            notes.append("/* tag parallel ignored: iterations may write the same element */")
+        return k
 
-        scope = Scope(idx, views, dict(outer.scalars), par_target or outer.fail,
-                      outer.parallel or par_k is not None)
-        jumps_before = self.jumps
-        body = self.body(blk, scope, private)
-        nested = any(isinstance(st, Block) for st in blk.stmts)
-        simd_k = None
-        if "vectorize" in blk.tags and self.options.openmp and loops:
-            if (not nested and self.jumps == jumps_before
-                    and writes_disjoint(loop_vars[-1], set(), written)):
-                simd_k = len(loops) - 1
-            else:
-                notes.append("/* tag vectorize ignored: the inner loop has checks, nested "
-                             "blocks or shared writes */")
+    def loop_nest(self, space: IterationSpace, body: list[str], par_k: int | None,
+                  simd_k: int | None, par_target: Target | None, fail: Target) -> list[str]:
+        """`body` inside the block's loops, with OpenMP pragmas where chosen.
 
+        A failed check in a parallel loop jumps to the end of its iteration (it
+        cannot leave the loop); the error is returned after the loop.
+        """
         lines = body
-        for k in reversed(range(len(loops))):
-            var = loops[k][0]
-            lo, hi = bounds.range_of(var)
+        for k in reversed(range(len(space.loops))):
+            var = space.loops[k]
+            lo, hi = space.bounds.range_of(var)
             inner, pre, post = lines, [], []
             pragma = None
             if k == par_k:
                 assert par_target is not None
                 pragma = "omp parallel for simd" if k == simd_k else "omp parallel for"
                 if par_target.used:
-                    inner = inner + [f"{par_target.label}: ;"]
-                    post = ["if (pt_status != 0) {", *_indent(self.jump(outer.fail)), "}"]
+                    inner = [*inner, f"{par_target.label}: ;"]
+                    post = ["if (pt_status != 0) {", *_indent(self.jump(fail)), "}"]
             elif k == simd_k:
                 pragma = "omp simd"
             if pragma:
                 pre = ["#ifdef _OPENMP", f"#pragma {pragma}", "#endif"]
             head = f"for (int64_t {var} = {lo}; {var} < {hi}; {var}++) {{"
-            lines = pre + [head] + _indent(inner) + ["}"] + post
-        if guards:
-            cond = " && ".join(f"{c_affine(g)} >= 0" for g in guards)
-            lines = [f"if ({cond}) {{"] + _indent(lines) + ["}"]
-        elif not loops and not root:
-            lines = ["{"] + _indent(lines) + ["}"]
-        return [title] + notes + lines
+            lines = [*pre, head, *_indent(inner), "}", *post]
+        return lines
 
     def body(self, blk: Block, scope: Scope, private: list[Refinement]) -> list[str]:
         """One iteration: this block's private local buffers, then its statements."""
         views = dict(scope.views)
-        heap_target = Target(f"pt_free_{self.counters['pt_free_']}",
-                             f"pt_bad_{self.counters['pt_free_']}")
-        self.fresh("pt_free_")
+        label = self.fresh("pt_free_")
+        heap_target = Target(label, label.replace("pt_free_", "pt_bad_"))
         pre, frees = self.locals(private, views, heap_target)
         inner = Scope(scope.idx, views, scope.scalars, heap_target if frees else scope.fail,
                       scope.parallel)
@@ -363,8 +365,8 @@ class _FunctionWriter:
 
     def define(self, scope: Scope, name: str, dt: dtypes.DType, expr: str) -> list[str]:
         var = self.fresh("s")
-        scope.scalars[name] = (var, dt)   # type: ignore[index]  # the body's own dict
-        line = f"const {cexpr.scalar_type(dt)} {var} = {_strip(expr)};"
+        scope.scalars[name] = (var, dt)
+        line = f"const {cexpr.scalar_type(dt)} {var} = {cexpr.strip(expr)};"
         return [line] if name in self.read else [line, f"(void){var};"]
 
     def scalar(self, scope: Scope, name: str) -> cexpr.Typed:
@@ -395,7 +397,7 @@ class _FunctionWriter:
             expr, dt = self.scalar(scope, name)
             var = self.fresh("d")
             lines.append(f"const int64_t {var} = "
-                         f"{_strip(cexpr.convert(expr, dt, dtypes.INT64, self.needs))};")
+                         f"{cexpr.strip(cexpr.convert(expr, dt, dtypes.INT64, self.needs))};")
             lines.append(f"if ({var} < 0 || {var} >= {view.dims[d].size}) {{")
             lines += _indent(self.fail(scope.fail, "PT_ERR_INDEX", view.param, d, var))
             lines.append("}")
@@ -418,11 +420,11 @@ class _FunctionWriter:
         element = self.element(view, address)
         dt = view.dtype
         if agg in ("add", "mul") and dt in (dtypes.FLOAT32, dtypes.FLOAT64):
-            return f"{element} {'+' if agg == 'add' else '*'}= {_strip(value)};"
+            return f"{element} {'+' if agg == 'add' else '*'}= {cexpr.strip(value)};"
         if agg != "assign":
             acc = cexpr.load(element, dt, self.needs)
             value = cexpr.combine(agg, acc, value, dt, self.needs)
-        return f"{element} = {_strip(cexpr.store(value, dt, self.needs))};"
+        return f"{element} = {cexpr.strip(cexpr.store(value, dt, self.needs))};"
 
     # ------------------------------------------------------------ specials
 
@@ -484,52 +486,3 @@ def _describe(ref: Refinement) -> str:
     sizes = "x".join(str(s) for s in ref.shape.sizes) or "scalar"
     kind = "local" if ref.dir == "none" else ref.dir
     return f"{safe(ref.into)}: {kind} {ref.shape.dtype} {sizes}"
-
-
-class _LoopBounds:
-    """Loop ranges, narrowed by the constraints folded into them."""
-
-    def __init__(self, loops: list[tuple[str, int]], needs: cexpr.Needs):
-        self.order = [v for v, _ in loops]
-        self.lo: dict[str, tuple[int, list[str]]] = {v: (0, []) for v, _ in loops}
-        self.hi: dict[str, tuple[int, list[str]]] = {v: (r, []) for v, r in loops}
-        self.needs = needs
-
-    def fold(self, a: Affine) -> bool:
-        """Fold `a >= 0` into the bounds of its innermost loop variable; False if it has none."""
-        own = [v for v in self.order if a.coeff(v)]
-        if not own:
-            return False
-        var = own[-1]
-        c = a.coeff(var)
-        rest = a + Affine(((var, -c),), 0)    # c*var + rest >= 0
-        if c > 0:                              # var >= ceil(-rest / c)
-            const, exprs = self.lo[var]
-            if not rest.terms:
-                self.lo[var] = (max(const, -(rest.const // c)), exprs)
-            else:
-                self.lo[var] = (const, exprs + [self._div(rest.scale(-1), c, ceil=True)])
-        else:                                  # var < floor(rest / -c) + 1
-            const, exprs = self.hi[var]
-            if not rest.terms:
-                self.hi[var] = (min(const, rest.const // -c + 1), exprs)
-            else:
-                self.hi[var] = (const, exprs + [self._div(rest, -c, ceil=False, plus=1)])
-        return True
-
-    def _div(self, a: Affine, m: int, ceil: bool, plus: int = 0) -> str:
-        if m == 1:
-            return c_affine(a + plus)
-        self.needs.use("bounds")
-        call = f"pt_{'ceil' if ceil else 'floor'}div_i64({c_affine(a)}, {m})"
-        return f"{call} + {plus}" if plus else call
-
-    def range_of(self, var: str) -> tuple[str, str]:
-        return (self._combine(*self.lo[var], "max"), self._combine(*self.hi[var], "min"))
-
-    def _combine(self, const: int, exprs: list[str], pick: str) -> str:
-        result = str(const)
-        for expr in exprs:
-            self.needs.use("bounds")
-            result = f"pt_{pick}_i64({result}, {expr})"
-        return result

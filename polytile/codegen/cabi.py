@@ -6,7 +6,7 @@ A kernel returns 0 or one of the codes below and fills `err[0..3]` =
 """
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from polytile.errors import KernelError
 from polytile.ir.nodes import Function

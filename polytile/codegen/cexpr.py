@@ -45,6 +45,26 @@ class Needs:
         return cprelude.prelude(self.names, self.int_types)
 
 
+def strip(expr: str) -> str:
+    """`expr` without parentheses that enclose all of it."""
+    while expr.startswith("(") and _closing(expr) == len(expr) - 1:
+        expr = expr[1:-1]
+    return expr
+
+
+def _closing(expr: str) -> int:
+    depth = 0
+    for pos, ch in enumerate(expr):
+        depth += {"(": 1, ")": -1}.get(ch, 0)
+        if depth == 0:
+            return pos
+    return -1
+
+
+def _call(name: str, *args: str) -> str:
+    return f"{name}({', '.join(strip(a) for a in args)})"
+
+
 def _is16(dt: DType) -> bool:
     return dt.is_float and dt.bits == 16
 
@@ -64,7 +84,7 @@ def _wide_unsigned(dt: DType) -> str:
 
 # ---------------------------------------------------------------- literals
 
-def literal(value: int | float | bool, dt: DType) -> str:
+def literal(value: float | bool, dt: DType) -> str:
     """`value` converted to `dt` (as NumPy would) and spelled as a C constant."""
     if dt.kind == "b":
         return "1" if value else "0"
@@ -111,10 +131,10 @@ def load(element: str, dt: DType, needs: Needs) -> str:
     """A stored element (an lvalue) as a scalar."""
     if dt.name == "float16":
         needs.use("f16")
-        return f"pt_f16_to_f32({element})"
+        return _call("pt_f16_to_f32", element)
     if dt.name == "bfloat16":
         needs.use("bf16")
-        return f"pt_bf16_to_f32({element})"
+        return _call("pt_bf16_to_f32", element)
     return element
 
 
@@ -122,10 +142,10 @@ def store(value: str, dt: DType, needs: Needs) -> str:
     """A scalar as the value to store into an element (rounds 16-bit floats)."""
     if dt.name == "float16":
         needs.use("f16")
-        return f"pt_f32_to_f16({value})"
+        return _call("pt_f32_to_f16", value)
     if dt.name == "bfloat16":
         needs.use("bf16")
-        return f"pt_f32_to_bf16({value})"
+        return _call("pt_f32_to_bf16", value)
     return value
 
 
@@ -140,8 +160,12 @@ def convert(expr: str, src: DType, dst: DType, needs: Needs) -> str:
     if src.is_float:
         needs.use("f2i")
         if dst.kind == "u" and dst.bits == 64:
-            return f"pt_f2u64({expr})"
-        return f"pt_f2i64({expr})" if dst.bits == 64 else f"({dst.c_name})pt_f2i64({expr})"
+            return _call("pt_f2u64", expr)
+        if dst.bits == 64:
+            return _call("pt_f2i64", expr)
+        # NumPy converts to (u)int8/16 and int32 through a 32-bit conversion, uint32 through 64.
+        wide = "pt_f2i64" if dst.kind == "u" and dst.bits == 32 else "pt_f2i32"
+        return f"({dst.c_name}){_call(wide, expr)}"
     return f"({dst.c_name}){expr}"
 
 
@@ -157,17 +181,17 @@ def _to_float(expr: str, src: DType, dst: DType, needs: Needs) -> str:
         needs.use(f"f64_to_{helper}")
         return f"{rnd}_d((double){expr})"
     needs.use(helper)
-    return f"{rnd}({expr})" if src.is_float else f"{rnd}((float){expr})"
+    return _call(rnd, expr if src.is_float else f"(float){expr}")
 
 
 def round_to(expr: str, dt: DType, needs: Needs) -> str:
     """A float computation result rounded to 16-bit `dt` (no-op for other types)."""
     if dt.name == "float16":
         needs.use("f16")
-        return f"pt_round_f16({expr})"
+        return _call("pt_round_f16", expr)
     if dt.name == "bfloat16":
         needs.use("bf16")
-        return f"pt_round_bf16({expr})"
+        return _call("pt_round_bf16", expr)
     return expr
 
 
@@ -248,7 +272,7 @@ def _int_op(op: str, xs: list[str], dt: DType, needs: Needs) -> str:
     if op in _ARITH:
         return f"({t})(({w}){xs[0]} {_ARITH[op]} ({w}){xs[1]})"
     if op in ("div", "mod"):
-        return f"pt_{op}_{needs.divmod(dt)}({xs[0]}, {xs[1]})"
+        return _call(f"pt_{op}_{needs.divmod(dt)}", xs[0], xs[1])
     if op == "neg":
         return f"({t})(0u - ({w}){xs[0]})"
     if op in ("abs", "fabs"):
@@ -276,7 +300,7 @@ def combine(agg: str, acc: str, value: str, dt: DType, needs: Needs) -> str:
         if agg in ("add", "mul"):
             return f"({acc} {'+' if agg == 'add' else '*'} {value})"
         needs.use("minmax_nan")    # NaN wins, as in NumPy's max/min reductions
-        return f"pt_{agg}_f{64 if dt.bits == 64 else 32}({acc}, {value})"
+        return _call(f"pt_{agg}_f{64 if dt.bits == 64 else 32}", acc, value)
     if agg in ("add", "mul"):
         return _int_op(agg, [acc, value], dt, needs)
     if agg in ("max", "min"):

@@ -11,8 +11,8 @@ the semantics in `polytile.ir.intrinsics`:
   round to nearest even, handle subnormals, infinities and NaN, and a double is
   narrowed through float with round-to-odd so it is rounded only once;
 * signed integer division by 0 gives 0 and INT_MIN / -1 wraps (both trap in C);
-* float-to-integer conversion never hits C's undefined behaviour (NaN and
-  out-of-range values give INT64_MIN, the value x86 produces, like NumPy there);
+* float-to-integer conversion truncates and never hits C's undefined behaviour
+  (NaN and out-of-range values give what NumPy gives on x86);
 * `pt_max_f32` & co. propagate NaN, as NumPy's max/min reductions do;
 * `pt_fail` records the first run-time failure; it is safe to call from OpenMP threads.
 """
@@ -139,7 +139,14 @@ static inline float pt_round_bf16_d(double d)
 }
 """
 
+# The results for NaN and out-of-range values are those of x86's cvttsd2si (the
+# "integer indefinite" INT_MIN of the conversion's width), as NumPy gives there.
 _F2I = """\
+static inline int32_t pt_f2i32(double x)
+{
+    return (x >= -2147483648.0 && x < 2147483648.0) ? (int32_t)x : INT32_MIN;
+}
+
 static inline int64_t pt_f2i64(double x)
 {
     return (x >= -9223372036854775808.0 && x < 9223372036854775808.0) ? (int64_t)x : INT64_MIN;

@@ -7,8 +7,8 @@ expression such as `b2[13*i0 + i1]` however deeply the views are nested.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 from polytile.dtypes import DType
 from polytile.errors import IRError
@@ -48,7 +48,8 @@ class Target:
 class Scope:
     idx: Mapping[str, Affine]               # IR index name -> value over C variables
     views: Mapping[str, View]               # IR buffer name -> view
-    scalars: Mapping[str, tuple[str, DType]]  # IR scalar name -> (C variable, dtype)
+    scalars: dict[str, tuple[str, DType]]   # IR scalar name -> (C variable, dtype); the
+                                            # block body adds its own as it goes
     fail: Target
     parallel: bool                          # inside an OpenMP parallel loop
 
@@ -64,7 +65,11 @@ def safe(name: str) -> str:
 def c_affine(a: Affine) -> str:
     """`a` as a C int64 expression, e.g. `13*i0 + i1 - 1`."""
     parts: list[str] = []
-    for name, coeff in a.terms:
+    terms = sorted(a.terms, key=lambda t: _natural(t[0]))
+    if a.const > 0 and terms and terms[0][1] < 0:     # `13 - 4*i0`, not `-4*i0 + 13`
+        parts.append(str(a.const))
+        a = Affine(a.terms, 0)
+    for name, coeff in terms:
         mag = abs(coeff)
         term = name if mag == 1 else f"{mag}*{name}"
         if not parts:
@@ -77,6 +82,12 @@ def c_affine(a: Affine) -> str:
         else:
             parts.append(str(a.const))
     return " ".join(parts)
+
+
+def _natural(name: str) -> tuple[str, int]:
+    """Sort key that puts i9 before i10 (outer loops come first in addresses)."""
+    head = name.rstrip("0123456789")
+    return head, int(name[len(head):] or -1)
 
 
 def resolve(a: Affine, idx: Mapping[str, Affine], where: str) -> Affine:

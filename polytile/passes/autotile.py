@@ -25,6 +25,7 @@ import math
 from dataclasses import replace
 from typing import Any
 
+from polytile.analysis.deps import scalar_indices
 from polytile.ir import nodes as N
 from polytile.passes.pipeline import PASSES
 from polytile.passes.schedule import Schedule, apply_schedule, _is_parallel
@@ -32,25 +33,6 @@ from polytile.targets.target import Target
 
 VECTOR_DTYPES = ("float32", "float64", "int32", "int64")
 PARALLEL_MIN_WORK = 1 << 16      # iterations below which a kernel runs on one thread
-
-
-def scalar_indices(block: N.Block) -> dict[str, frozenset[str]]:
-    """For each scalar of a leaf block, the indices its value depends on."""
-    deps: dict[str, frozenset[str]] = {}
-    refs = {r.into: r for r in block.refs}
-    for s in block.stmts:
-        if isinstance(s, N.Load):
-            ref = refs[s.ref]
-            names = {n for a in ref.access for n in a.names}
-            names |= {n for d in s.dynamic if d for n in deps[d]}
-            deps[s.into] = frozenset(names)
-        elif isinstance(s, N.LoadIndex):
-            deps[s.into] = frozenset(s.value.names)
-        elif isinstance(s, N.Constant):
-            deps[s.into] = frozenset()
-        elif isinstance(s, N.Intrinsic):
-            deps[s.into] = frozenset().union(*(deps[a] for a in s.inputs))
-    return deps
 
 
 def vector_candidates(block: N.Block) -> list[str]:
@@ -202,17 +184,42 @@ def _cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
+def _is_leaf_kernel(s: N.Statement) -> bool:
+    return (isinstance(s, N.Block) and "kernel" in s.tags
+            and not any(isinstance(x, N.Block) for x in s.stmts))
+
+
 def autotile(fn: N.Function, target: Target, params: dict[str, Any]) -> N.Function:
-    """Apply the default (or `params["schedules"]`-given) schedule to every kernel block."""
+    """Apply the default (or `params["schedules"]`-given, by block name) schedule to every
+    kernel block; members of a fused block are vectorized in place and the fused row
+    loop runs in parallel."""
     given: dict[str, Schedule] = params.get("schedules", {})
     stmts = []
     for s in fn.body.stmts:
-        if isinstance(s, N.Block) and "kernel" in s.tags and not any(
-                isinstance(x, N.Block) for x in s.stmts):
-            schedule = given.get(s.name) or choose_schedule(s, target)
-            s = apply_schedule(s, schedule, fn.body)
+        if _is_leaf_kernel(s):
+            assert isinstance(s, N.Block)
+            s = apply_schedule(s, given.get(s.name) or choose_schedule(s, target), fn.body)
+        elif isinstance(s, N.Block) and "fused" in s.tags:
+            s = _schedule_fused(s, target, given)
         stmts.append(s)
     return replace(fn, body=replace(fn.body, stmts=tuple(stmts)))
+
+
+def _schedule_fused(block: N.Block, target: Target, given: dict[str, Schedule]) -> N.Block:
+    members = []
+    work = 0
+    for m in block.stmts:
+        if _is_leaf_kernel(m):
+            assert isinstance(m, N.Block)
+            schedule = given.get(m.name) or replace(choose_schedule(m, target), tiles=(),
+                                                     parallel=False)
+            work += math.prod(i.range for i in m.idxs)
+            m = apply_schedule(m, schedule, block)
+        members.append(m)
+    rows = math.prod(i.range for i in block.idxs if i.affine is None)
+    tags = block.tags | ({"parallel"} if rows >= 2 and rows * work >= PARALLEL_MIN_WORK
+                         else set())
+    return replace(block, stmts=tuple(members), tags=frozenset(tags))
 
 
 PASSES["autotile"] = autotile

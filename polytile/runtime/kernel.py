@@ -4,15 +4,26 @@
 check failed and err[0..3] = (code, parameter, dimension, offending index). The
 runtime knows nothing about the IR: the caller maps the parameter number back to
 a tensor name.
+
+Calls go through cffi: taking an array's address with `ffi.from_buffer` costs a
+fraction of `ndarray.ctypes.data`, and that dominates the dispatch of small ops.
 """
 from __future__ import annotations
 
-import ctypes
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
 
-import numpy as np
+import _cffi_backend
+import cffi
 
-ERR_FIELDS = 4
+_FFI = cffi.FFI()
+_FFI.cdef("int32_t polytile_kernel(void **args, int64_t *err);")
+# The backend's own functions: the FFI wrappers cost as much as the work on tiny calls.
+_newp = _cffi_backend.newp
+_from_buffer = _cffi_backend.from_buffer
+_CHARS = _FFI.typeof("char[]")
+_ERR = _FFI.typeof("int64_t[4]")
 
 
 @dataclass(frozen=True)
@@ -24,20 +35,19 @@ class KernelFailure:
 
 
 class Kernel:
-    """One exported function of a loaded library, with its argument array preallocated."""
+    """The exported `polytile_kernel` of a shared object."""
 
-    def __init__(self, cdll: ctypes.CDLL, symbol: str, n_params: int):
-        self._cfunc = getattr(cdll, symbol)
-        self._cfunc.restype = ctypes.c_int32
-        self._cfunc.argtypes = (ctypes.c_void_p, ctypes.c_void_p)
-        self._cdll = cdll          # keeps the library mapped as long as the kernel lives
+    def __init__(self, so_path: Path, n_params: int):
+        self._lib: Any = _FFI.dlopen(str(so_path))
+        self._cfunc = self._lib.polytile_kernel
+        self._args_type = _FFI.typeof(f"void *[{max(1, n_params)}]")
         self.n_params = n_params
 
-    def __call__(self, pointers: list[int]) -> KernelFailure | None:
-        """Run on raw data pointers; None on success."""
-        args = (ctypes.c_void_p * self.n_params)(*pointers)
-        err = np.zeros(ERR_FIELDS, dtype=np.int64)
-        code = self._cfunc(args, err.ctypes.data)
+    def __call__(self, buffers: Sequence[Any]) -> KernelFailure | None:
+        """Run on objects exporting the buffer protocol (NumPy arrays); None on success."""
+        args = _newp(self._args_type, [_from_buffer(_CHARS, b, False) for b in buffers])
+        err = _newp(_ERR, None)
+        code = self._cfunc(args, err)
         if code == 0:
             return None
         return KernelFailure(int(code), int(err[1]), int(err[2]), int(err[3]))

@@ -56,4 +56,6 @@ def canonical(spec: Specialized) -> Specialized:
                                             renamed.params + renamed.outputs + renamed.temps)}
     ranges = tuple(tuple((f"i{k}", lo, hi) for k, (_, lo, hi) in enumerate(st_ranges))
                    for st_ranges in spec.ranges)
-    return Specialized(renamed, spec.env, tuple((names[n], s) for n, s in spec.shapes), ranges)
+    # Integer scalar arguments appear in subscripts under their new names.
+    env = spec.env + tuple((names[n], v) for n, v in spec.env if n in names)
+    return Specialized(renamed, env, tuple((names[n], s) for n, s in spec.shapes), ranges)

@@ -74,7 +74,8 @@ def _run_statement(st: P.Statement, ranges: tuple[tuple[str, int, int], ...],
 
 def _combine(op: str, old: np.ndarray, new: np.ndarray, dtype: np.dtype) -> np.ndarray:
     if dtype.itemsize == 2 and dtype.kind not in "iu":   # float16 / bfloat16
-        return _COMBINE[op](old.astype(np.float32), new.astype(np.float32)).astype(dtype)
+        with np.errstate(all="ignore"):
+            return _COMBINE[op](old.astype(np.float32), new.astype(np.float32)).astype(dtype)
     with np.errstate(all="ignore"):
         return _COMBINE[op](old, new).astype(dtype)
 
@@ -99,7 +100,7 @@ def _evaluate_statement(st: P.Statement, ranges: tuple[tuple[str, int, int], ...
         reduce_axes = tuple(range(n_lhs, len(ranges)))
         with np.errstate(all="ignore"):
             value = _REDUCE[st.op](value, axis=reduce_axes).astype(wide)
-    return value.astype(dtype)
+    return _cast(value, dtype)
 
 
 def _cast(value: np.ndarray, dtype: np.dtype) -> np.ndarray:
@@ -153,7 +154,7 @@ def _eval(e: P.TExpr, grid: dict[str, np.ndarray], tensors: dict[str, np.ndarray
         array = tensors[e.tensor]
         subs = []
         for d, x in enumerate(e.indices):
-            sub = np.asarray(_eval(x, grid, tensors, env)).astype(np.int64)
+            sub = _cast(np.asarray(_eval(x, grid, tensors, env)), np.dtype(np.int64))
             if R.linearize(x) is None and sub.size:
                 bad = sub[(sub < 0) | (sub >= array.shape[d])]
                 if bad.size:

@@ -67,9 +67,9 @@ def specialize(fn: P.Function, shapes: Mapping[str, tuple[int, ...]],
                scalars: Mapping[str, int | float]) -> Specialized:
     env = bind_sizes(fn, shapes, scalars)
     # Ranges first: an empty range explains a negative output shape better than the shape.
-    all_ranges = []
+    all_ranges: list[tuple[tuple[str, int, int], ...]] = []
     for st in fn.statements:
-        ranges = []
+        ranges: list[tuple[str, int, int]] = []
         for name, r in st.ranges:
             lo, hi = _evaluate(r.lo, env, name, st.loc), _evaluate(r.hi, env, name, st.loc)
             if hi <= lo:
@@ -85,8 +85,8 @@ def specialize(fn: P.Function, shapes: Mapping[str, tuple[int, ...]],
         if any(s < 0 for s in tensor_shapes[t.name]):
             raise RangeInferenceError(f"{t.name} would have shape {tensor_shapes[t.name]} for "
                                       f"sizes {_show_env(env)}", t.loc)
-    for st, ranges in zip(fn.statements, all_ranges):
-        _check_bounds(st, dict((n, (lo, hi)) for n, lo, hi in ranges), tensor_shapes, env)
+    for st, bounds in zip(fn.statements, all_ranges):
+        _check_bounds(st, {n: (lo, hi) for n, lo, hi in bounds}, tensor_shapes, env)
     return Specialized(fn, tuple(env.items()), tuple(tensor_shapes.items()),
                        tuple(all_ranges))
 

@@ -148,11 +148,33 @@ def _apply(op: str, args: tuple[Typed, ...], loc: SourceLoc, name: str | None = 
         dtype, weak = promote(dtype, weak, a.dtype, a.weak)
     if op in ("and", "or", "not"):
         dtype = dtypes.BOOL
+    elif info.result == intrinsics.FLOAT and not dtype.is_float:
+        # Math functions of integers compute in float32 (C's float overloads): make the
+        # conversion explicit so that every evaluator computes in floating point.
+        dtype = dtypes.FLOAT32
+        operands = tuple(a if a.weak else _cast(a, dtype, loc) for a in operands)
+    elif op in _ARITHMETIC and dtype == dtypes.BOOL:
+        # C's integer promotion: true + true == 2, -true == -1.
+        dtype = dtypes.INT32
+        operands = tuple(a if a.weak else _cast(a, dtype, loc) for a in operands)
     result = intrinsics.result_dtype(op, dtype)
-    exprs = tuple(retype(a.expr, dtype, loc) if a.weak else a.expr for a in operands)
-    if op == "select":
-        exprs = (args[0].expr,) + exprs
+    if op in ("and", "or", "not"):   # the truth value of each operand in its own type
+        exprs = tuple(finalize(a, loc) for a in operands)
+    else:
+        exprs = tuple(retype(a.expr, dtype, loc) if a.weak else a.expr for a in operands)
+    if op == "select":   # any nonzero condition selects the first branch, as in C
+        cond = finalize(args[0], loc)
+        if cond.dtype != dtypes.BOOL:
+            cond = P.Op("cast", (cond,), dtypes.BOOL, loc)
+        exprs = (cond,) + exprs
     return Typed(P.Op(op, exprs, result, loc), weak and result.kind != "b")
+
+
+_ARITHMETIC = frozenset({"add", "sub", "mul", "div", "mod", "neg"})
+
+
+def _cast(a: Typed, dtype: DType, loc: SourceLoc) -> Typed:
+    return Typed(P.Op("cast", (a.expr,), dtype, loc))
 
 
 def promote(a: DType, a_weak: bool, b: DType, b_weak: bool) -> tuple[DType, bool]:
@@ -162,6 +184,8 @@ def promote(a: DType, a_weak: bool, b: DType, b_weak: bool) -> tuple[DType, bool
         strong, weak = (b, a) if a_weak else (a, b)
         if weak.is_float and not strong.is_float:
             return dtypes.FLOAT32, False
+        if strong == dtypes.BOOL and weak != dtypes.BOOL:   # `p ? 1 : -1` is an int
+            return dtypes.INT32, False
         return strong, False
     return dtypes.promote(a, b), False
 
@@ -174,12 +198,12 @@ def retype(e: P.TExpr, dtype: DType, loc: SourceLoc | None = None) -> P.TExpr:
             return P.Const(float(e.value), dtype)
         if dtype == dtypes.BOOL:
             return P.Const(bool(e.value), dtype)
-        info = np.iinfo(dtype.numpy)
-        if not info.min <= int(e.value) <= info.max:
+        limits = np.iinfo(dtype.numpy)
+        if not limits.min <= int(e.value) <= limits.max:
             raise TypeCheckError(f"the literal {e.value} does not fit in {dtype} "
-                                 f"({info.min}..{info.max})", loc,
+                                 f"({limits.min}..{limits.max})", loc,
                                  "cast the other operand to a wider type, e.g. "
-                                 f"int32(...), or use a smaller literal")
+                                 "int32(...), or use a smaller literal")
         return P.Const(int(e.value), dtype)
     if isinstance(e, P.Op) and e.op != "cast":
         info = intrinsics.OPS[e.op]

@@ -19,9 +19,10 @@ compiled C code. A case is
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import ml_dtypes
 import numpy as np
@@ -112,17 +113,18 @@ def wrap(x: Any, dtype: Any) -> np.ndarray:
 
 
 def trunc_div(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """C's integer division on exact integers: truncates toward zero."""
     return np.fix(f64(a) / f64(b)).astype(np.int64)
 
 
 # ================================================================== contractions
 
 case("mv (paper, two statements)", paper("mv.tc"),
-     lambda rng: (normal(rng, m := dim(rng), k := dim(rng)), normal(rng, k)),
+     lambda rng: (normal(rng, dim(rng), k := dim(rng)), normal(rng, k)),
      lambda A, x: f32(f64(A) @ f64(x)))
 
 case("mv (paper, +=!)", paper("mv_init.tc"),
-     lambda rng: (normal(rng, m := dim(rng), k := dim(rng)), normal(rng, k)),
+     lambda rng: (normal(rng, dim(rng), k := dim(rng)), normal(rng, k)),
      lambda A, x: f32(f64(A) @ f64(x)))
 
 case("mm (paper Fig. 11)", paper("mm.tc"),
@@ -294,8 +296,7 @@ case("conv1d (paper §3.1, with +=!)", paper("conv1d.tc").replace("O(i) =", "O(i
      lambda I, K: f32(np.correlate(f64(I), f64(K), mode="valid")))
 
 case("conv2d (paper)", paper("conv2d.tc"),
-     lambda rng: (normal(rng, dim(rng, 1, 3), ip := dim(rng, 1, 5), h := dim(rng, 3),
-                         w := dim(rng, 2)),
+     lambda rng: (normal(rng, dim(rng, 1, 3), ip := dim(rng, 1, 5), dim(rng, 3), dim(rng, 2)),
                   normal(rng, dim(rng, 1, 5), ip, dim(rng, 1, 3), dim(rng, 1, 2))),
      lambda I, W: f32(_conv2d(f64(I), f64(W), 1, 1)))
 
@@ -303,7 +304,7 @@ case("conv2d (paper)", paper("conv2d.tc"),
 def _conv2d(x: np.ndarray, w: np.ndarray, sh: int, sw: int, dh: int = 1,
             dw: int = 1) -> np.ndarray:
     """Direct NCHW convolution (cross-correlation), valid padding."""
-    n, c, h, wd = x.shape
+    n, _, h, wd = x.shape
     f, _, kh, kw = w.shape
     oh = (h - dh * (kh - 1) - 1) // sh + 1
     ow = (wd - dw * (kw - 1) - 1) // sw + 1
@@ -343,7 +344,7 @@ def dilated(int d, float(N,C,H,W) I, float(F,C,KH,KW) Wt) -> (O) {
 
 
 def _gconv_reference(I, W1, B):  # type: ignore[no-untyped-def]
-    n, g, c, h, w = I.shape
+    n, g, _, h, w = I.shape
     _, f, _, kh, kw = W1.shape
     out = np.zeros((n, g, f, h - kh + 1, w - kw + 1))
     for gi in range(g):
@@ -383,7 +384,7 @@ def depthwise(float(N,C,H,W) I, float(C,KH,KW) K) -> (O) {
 
 
 def _pool(x: np.ndarray, k: int, s: int, fn: Callable[..., np.ndarray]) -> np.ndarray:
-    n, c, h, w = x.shape
+    h, w = x.shape[2:]
     oh, ow = (h - k) // s + 1, (w - k) // s + 1
     windows = np.stack([x[:, :, a:a + s * (oh - 1) + 1:s, b:b + s * (ow - 1) + 1:s]
                         for a in range(k) for b in range(k)])
@@ -573,6 +574,27 @@ def gcols(float(R,M) X, int16(N) I) -> (Z) {
                   rng.integers(0, r, dim(rng)).astype(np.int16)),
      lambda X, I: X[I.astype(np.int64)][:, ::-1], EXACT)
 
+case("gather by a truncated float index", """
+def fgather(float(N) X, float(M) F) -> (Y) {
+  Y(i) = X(int32(F(i)))
+}""",
+     lambda rng: (normal(rng, n := dim(rng)), uniform(rng, 0, n - 0.01, dim(rng))),
+     lambda X, F: X[F.astype(np.int64)], EXACT)
+
+case("let binding in a subscript", """
+def letsub(float(N) A) -> (B) {
+  B(i) = A(j) - A(i) where j = i + 1
+}""",
+     lambda rng: (normal(rng, dim(rng, 2)),),
+     lambda A: np.diff(A), EXACT)
+
+case("bool scalar argument", """
+def flagged(bool flag, float(N) X) -> (Y) {
+  Y(i) = flag ? X(i) : -X(i)
+}""",
+     lambda rng: (bool(rng.random() < 0.5), normal(rng, dim(rng))),
+     lambda flag, X: X if flag else -X, EXACT)
+
 case("upsample x2 (non-affine subscript)", """
 def upsample(float(N) X) -> (Y) {
   Y(i) = X(i / 2) where i in 0:2 * N
@@ -643,7 +665,7 @@ def letexists(float(N) X, float(M) Z) -> (Y) {
   Y(i) = t * t + t where t = X(i) - 1, exists Z(i)
 }""",
      lambda rng: (normal(rng, n := dim(rng)), normal(rng, dim(rng, 1, n))),
-     lambda X, Z: f32((lambda t: t * t + t)(f64(X)[:Z.shape[0]] - 1)))
+     lambda X, Z: f32((f64(X)[:Z.shape[0]] - 1) ** 2 + f64(X)[:Z.shape[0]] - 1))
 
 case("relu by ternary", """
 def relu_t(float(N,M) X) -> (Y) {
@@ -683,6 +705,39 @@ def logic(float(N) X, float(N) Z) -> (Y) {
 }""",
      lambda rng: (normal(rng, n := dim(rng)), normal(rng, n)),
      lambda X, Z: np.where(((X > 0) & (Z < 0)) | ~(X > -1), X * Z, X + Z), EXACT)
+
+case("any nonzero condition selects the first branch", """
+def truthy(float(N) X, int(N) K) -> (Y, Z, W) {
+  Y(i) = X(i) ? 1 : 2
+  Z(i) = K(i) ? X(i) : -X(i)
+  W(i) = !X(i) || (K(i) && -1)
+}""",
+     lambda rng: (np.concatenate([[0.5, -0.25, 0, np.nan], normal(rng, n := dim(rng))]
+                                 ).astype(np.float32),
+                  rng.integers(-1, 2, n + 4).astype(np.int32)),
+     lambda X, K: (np.where(X != 0, 1, 2).astype(np.int32), np.where(K != 0, X, -X),
+                   (X == 0) | (K != 0)), EXACT)
+
+case("arithmetic on bools promotes to int32", """
+def boolmath(bool(N) P, bool(N) Q) -> (S, D, Neg, Sel) {
+  S(i) = P(i) + Q(i)
+  D(i) = P(i) - Q(i)
+  Neg(i) = -P(i)
+  Sel(i) = P(i) ? Q(i) : -1
+}""",
+     lambda rng: (rng.random(n := dim(rng)) < 0.5, rng.random(n) < 0.5),
+     lambda P, Q: (P.astype(np.int32) + Q, P.astype(np.int32) - Q, -P.astype(np.int32),
+                   np.where(P, Q.astype(np.int32), -1).astype(np.int32)), EXACT)
+
+case("math functions of integers compute in float32", """
+def intmath(int(N) A, int(N) B) -> (P, E, F) {
+  P(i) = pow(A(i), B(i))
+  E(i) = exp(A(i) / 4)
+  F(i) = fmod(A(i), 3)
+}""",
+     lambda rng: (nonzero_ints(rng, 5, n := dim(rng)), nonzero_ints(rng, 3, n)),
+     lambda A, B: (f32(np.power(f64(A), f64(B))), f32(np.exp(f64(trunc_div(A, 4)))),
+                   f32(np.fmod(f64(A), 3))))
 
 case("comparisons into bool outputs", """
 def compare(float(N) A, float(N) B) -> (LT, LE, EQ, NE, GT, GE) {
@@ -939,6 +994,27 @@ def divmod32(int(N) A, int(N) B) -> (Q, R) {
                   np.concatenate([[2, 2, -2, -2], nonzero_ints(rng, 20, n)]).astype(np.int32)),
      lambda A, B: (trunc_div(A, B).astype(np.int32),
                    (A.astype(np.int64) - B * trunc_div(A, B)).astype(np.int32)), EXACT)
+
+def _c_divmod(a: int, b: int) -> tuple[int, int]:
+    """polytile's integer division: C's, except that x / 0 and x % 0 are 0 (no trap) and
+    INT_MIN / -1 wraps around."""
+    if b == 0:
+        return 0, 0
+    q = abs(a) // abs(b) * (1 if (a < 0) == (b < 0) else -1)
+    return q, a - b * q
+
+
+case("integer division by zero gives 0, INT_MIN / -1 wraps", """
+def divzero(int(N) A, int(N) B) -> (Q, R) {
+  Q(i) = A(i) / B(i)
+  R(i) = A(i) % B(i)
+}""",
+     lambda rng: (np.concatenate([[5, -5, 0, -2**31, -2**31, 2**31 - 1],
+                                  nonzero_ints(rng, 100, n := dim(rng))]).astype(np.int32),
+                  np.concatenate([[0, 0, 0, -1, 1, -1],
+                                  rng.integers(-2, 3, n)]).astype(np.int32)),
+     lambda A, B: tuple(wrap(np.array([_c_divmod(int(a), int(b))[k] for a, b in zip(A, B)],
+                                      dtype=object), np.int32) for k in (0, 1)), EXACT)
 
 case("int32 product reduction wraps", """
 def iprod(int32(M,N) A) -> (P) {

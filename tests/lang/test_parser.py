@@ -10,6 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from polytile import dtypes
+from polytile.errors import ParseError
 from polytile.lang import ast
 from polytile.lang.parser import parse, parse_expr
 from polytile.lang.printer import format_expr, format_module
@@ -479,3 +480,15 @@ def test_random_statement_round_trip(rhs, op, lhs, let_value):
     (stmt,) = tree.defs[0].body
     assert stmt.rhs == rhs
     assert stmt.where[0] == ast.Let("t", let_value)
+
+
+@pytest.mark.xfail(strict=True, raises=ParseError,
+                   reason="design decision: statements are whitespace-separated (Fig. 14), so "
+                   "`C(i) = X(i) * s` followed by a call statement `(A) = g(X)` on the next "
+                   "line reads as the call `s(A)`; needs a rule such as 'a ( that starts a "
+                   "line starts a statement'")
+def test_call_statement_after_a_statement_ending_in_a_name():
+    text = ("def g(float(N) A) -> (B) { B(i) = A(i) }\n"
+            "def f(float(N) X, float s) -> (A, C) {\n  C(i) = X(i) * s\n  (A) = g(X)\n}\n")
+    d = parse(text).defs[1]
+    assert isinstance(d.body[1], ast.CallDef)

@@ -348,7 +348,7 @@ def test_lookup_table_index_out_of_range():
     with pytest.raises(pt.OutOfBoundsError, match="LUT2 is indexed at 11"):
         mod["2LUT"](lut1, i1, lut2, i2)
     i2[1, 0] = 10
-    o1, o2 = mod["2LUT"](lut1, i1, lut2, i2)
+    _, o2 = mod["2LUT"](lut1, i1, lut2, i2)
     np.testing.assert_allclose(o2, lut2[i2].sum(axis=1), rtol=1e-6)
 
 
@@ -386,7 +386,7 @@ def test_in_out_output_must_be_passed():
 def test_unknown_function_and_backend():
     mod = pt.define(MM, backend="interp")
     with pytest.raises(AttributeError, match="defines no function 'nope'"):
-        mod.nope
+        mod.nope  # noqa: B018
     with pytest.raises(pt.ArgumentError, match="no function 'nope'"):
         mod["nope"]
     with pytest.raises(pt.ArgumentError, match="unknown backend"):
@@ -407,3 +407,32 @@ def test_process_keeps_working_after_many_errors(mm):
     x = rand(rng, 9)
     idx = rng.integers(0, 9, (3, 4)).astype(np.int32)
     np.testing.assert_array_equal(gather.gather(x, idx), x[idx])
+
+
+# ------------------------------------------------------------------ known API bugs (api.py)
+
+@pytest.mark.xfail(strict=True, raises=ValueError,
+                   reason="api.py writes results into a read-only out= array (ValueError)")
+def test_read_only_out_is_an_argument_error(mm):
+    c = np.zeros((2, 2), np.float32)
+    c.flags.writeable = False
+    with pytest.raises(pt.ArgumentError):
+        mm.mm(np.ones((2, 3), np.float32), np.ones((3, 2), np.float32), out=c)
+
+
+@pytest.mark.xfail(strict=True, raises=OverflowError,
+                   reason="api.py converts integer scalars with np.int32(value): OverflowError")
+@pytest.mark.parametrize("value", [2**40, -1])
+def test_integer_scalar_out_of_range_is_an_argument_error(value):
+    mod = pt.define("def f(uint8 s, float(N) X) -> (Y) {\n  Y(i) = X(i) * s\n}\n",
+                    backend="interp")
+    with pytest.raises(pt.ArgumentError):
+        mod.f(value, np.ones(2, np.float32))
+
+
+@pytest.mark.xfail(strict=True, reason="api.py wraps np.int64(2**40) silently into an int32")
+def test_numpy_integer_scalar_out_of_range_is_an_argument_error():
+    mod = pt.define("def f(int s, float(N) X) -> (Y) {\n  Y(i) = X(i) * s\n}\n",
+                    backend="interp")
+    with pytest.raises(pt.ArgumentError):
+        mod.f(np.int64(2**40), np.ones(2, np.float32))

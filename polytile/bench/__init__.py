@@ -1,0 +1,1 @@
+"""`polytile bench`: measured performance against NumPy and PyTorch, with this machine's peak."""

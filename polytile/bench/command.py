@@ -1,0 +1,188 @@
+"""`polytile bench`: the command's flow, from arguments to the table and RESULTS.md.
+
+    polytile bench [--quick] [--only NAME[,NAME]] [--latency] [--no-write] [--repeats N]
+
+(the arguments are declared in polytile.cli, so that parsing imports no bench code).
+
+Throughput (default): machine facts, the measured peak, then every workload checked
+against NumPy and timed against NumPy and PyTorch, one table, written to
+benchmarks/RESULTS.md (relative to the current directory). --latency instead measures
+first-call, cached-call and dispatch latency. The exit status is 1 when polytile gives a
+WRONG result anywhere; a workload polytile cannot compile is FAILED in the table.
+
+OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE, set on some machines here for old OpenBLAS builds,
+slow a current NumPy down; OpenBLAS reads them when NumPy is imported, so the bench
+re-runs itself in a child process without them and records that it did.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from polytile.bench.machine import BLAS_ENV_VARS, load_average, machine_facts
+from polytile.bench.timing import TimingOptions
+
+RESULTS_PATH = Path("benchmarks") / "RESULTS.md"   # relative to the current directory
+
+
+def run(args: argparse.Namespace) -> int:
+    present = [v for v in BLAS_ENV_VARS if v in os.environ]
+    if present and not args.latency:
+        return _rerun_without(present, args)
+    command = command_text(args)
+    date = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
+    facts = machine_facts()
+    print(f"polytile bench  ({date})")
+    for key, value in facts.items():
+        print(f"  {key}: {value}")
+    busy = _busy_warning()
+    if busy:
+        print(busy, file=sys.stderr)
+    if args.latency:
+        return _latency(args, facts, command, date)
+    return _throughput(args, facts, command, date)
+
+
+def command_text(args: argparse.Namespace) -> str:
+    return " ".join(["polytile", "bench", *_argv(args)])
+
+
+def _throughput(args: argparse.Namespace, facts: dict[str, str], command: str,
+                date: str) -> int:
+    from polytile.bench.harness import run_workload
+    from polytile.bench.peak import measure_peak
+    from polytile.bench.report import (
+        format_text,
+        results_table,
+        throughput_markdown,
+        write_section,
+        wrong_banner,
+    )
+    from polytile.bench.workloads import families, select
+    from polytile.errors import ArgumentError
+
+    workloads = select(args.quick, args.only)
+    if not workloads:
+        raise ArgumentError(f"no workload matches --only {','.join(args.only)}",
+                            hint=f"workload families: {', '.join(families())}")
+    options = (TimingOptions(rounds=args.repeats or 3, block_seconds=0.05, settle_seconds=0.05,
+                             discard_calls=1) if args.quick
+               else TimingOptions(rounds=args.repeats or 5))
+    print("measuring peak ...", file=sys.stderr, flush=True)
+    peak, peak_error = None, None
+    try:
+        peak = measure_peak(repeats=3 if args.quick else 5)
+        for line in peak.lines():
+            print(f"  {line}")
+    except Exception as e:  # noqa: BLE001 - the table is still worth having without a peak
+        peak_error = f"{type(e).__name__}: {e}"
+        print(f"  peak not measured: {peak_error}")
+    rows = []
+    start = time.perf_counter()
+    for i, w in enumerate(workloads, 1):
+        print(f"[{i}/{len(workloads)}] {w.name} ({time.perf_counter() - start:.0f} s)",
+              file=sys.stderr, flush=True)
+        rows.extend(run_workload(w, backend=args.backend, options=options))
+    facts = {**facts, "load average": f"{facts['load average']} at start, "
+                                      f"{load_average()} at end"}
+    print()
+    print(format_text(*results_table(rows, peak)))
+    banner = wrong_banner(rows)
+    if banner:
+        print("\n" + banner, file=sys.stderr)
+    if not args.no_write:
+        title = "Throughput" + (" (quick smoke run, small sizes)" if args.quick else "") + (
+            f" (only {', '.join(args.only)})" if args.only else "")
+        notes = [f"{args.blas_env_removed} unset for this run (NumPy's BLAS reads them at import)"
+                 ] if args.blas_env_removed else []
+        if args.backend != "c":
+            notes.append(f"polytile backend: {args.backend}")
+        write_section(RESULTS_PATH, _section("throughput", args),
+                      throughput_markdown(rows, peak, peak_error, facts, command, date, title,
+                                          notes))
+        print(f"\nwrote {RESULTS_PATH}")
+    return 1 if banner else 0
+
+
+def _latency(args: argparse.Namespace, facts: dict[str, str], command: str, date: str) -> int:
+    from polytile.bench.latency import measure_dispatch, measure_latency, select_examples
+    from polytile.bench.report import (
+        dispatch_table,
+        format_text,
+        latency_markdown,
+        latency_table,
+        write_section,
+    )
+    from polytile.errors import ArgumentError
+
+    examples = select_examples(args.only)
+    if not examples:
+        raise ArgumentError(f"no latency example matches --only {','.join(args.only)}",
+                            hint="examples: mv, sgemm, fcrelu, conv2d, maxpool, gather, tmm, "
+                                 "tbmm, 2LUT, MLP1")
+    samples = args.repeats or (1 if args.quick else 3)
+    rows = measure_latency(examples, samples=samples,
+                           progress=lambda s: print(s, file=sys.stderr, flush=True))
+    options = (TimingOptions(rounds=3, block_seconds=0.05, settle_seconds=0.05) if args.quick
+               else TimingOptions(rounds=5, block_seconds=0.1, settle_seconds=0.05))
+    dispatch = measure_dispatch(options)
+    print()
+    print(format_text(*latency_table(rows)))
+    print()
+    print(format_text(*dispatch_table(dispatch)) if not dispatch.error
+          else f"dispatch overhead: FAILED: {dispatch.error}")
+    if not args.no_write:
+        write_section(RESULTS_PATH, _section("latency", args),
+                      latency_markdown(rows, dispatch, facts, command, date))
+        print(f"\nwrote {RESULTS_PATH}")
+    return 0
+
+
+def _busy_warning() -> str:
+    """A warning when other processes keep the cores busy: every number will be off."""
+    try:
+        load = os.getloadavg()[0]
+    except OSError:
+        return ""
+    if load < 0.5:
+        return ""
+    return (f"polytile bench: warning: load average {load:.2f} before starting; other "
+            "processes share the cores, so times (most of all multithreaded ones) are inflated")
+
+
+def _section(kind: str, args: argparse.Namespace) -> str:
+    """Quick and partial runs get sections of their own, so they never replace a full run."""
+    return kind + ("-quick" if args.quick else "") + ("-partial" if args.only else "")
+
+
+def _rerun_without(present: Sequence[str], args: argparse.Namespace) -> int:
+    removed = " ".join(f"{v}={os.environ[v]}" for v in present)
+    print(f"polytile bench: re-running without {removed} so NumPy's BLAS picks its own kernel",
+          file=sys.stderr, flush=True)
+    env = {k: v for k, v in os.environ.items() if k not in BLAS_ENV_VARS}
+    argv = [sys.executable, "-m", "polytile", "bench", *_argv(args),
+            f"--blas-env-removed={removed}"]
+    return subprocess.run(argv, env=env, check=False).returncode
+
+
+def _argv(args: argparse.Namespace) -> list[str]:
+    argv = []
+    if args.quick:
+        argv.append("--quick")
+    if args.only:
+        argv.append("--only=" + ",".join(args.only))
+    if args.latency:
+        argv.append("--latency")
+    if args.no_write:
+        argv.append("--no-write")
+    if args.repeats is not None:
+        argv.append(f"--repeats={args.repeats}")
+    if args.backend != "c":
+        argv.append(f"--backend={args.backend}")
+    return argv

@@ -1,0 +1,231 @@
+"""Run one workload: check every implementation against NumPy, then time them together.
+
+    rows = run_workload(workload, backend="c", options=TimingOptions())
+    rows[0].outcomes["polytile"].status      # "ok", "WRONG", "FAILED" or "n/a"
+
+A memory-bound workload gives two rows: fresh outputs, and preallocated `out=` buffers
+(filled with NaN before the checking call, so an element the kernel never writes is
+caught). Nothing here raises for a broken implementation: a compile error or an
+exception becomes FAILED with the error text, a result off by more than the stated
+tolerance becomes WRONG, and the other implementations are still timed.
+"""
+from __future__ import annotations
+
+import gc
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from polytile.bench.timing import Timing, TimingOptions, time_blocks
+from polytile.bench.workload import Arrays, Workload
+
+IMPLS = ("polytile", "numpy", "torch")
+FRESH, PREALLOCATED = "fresh", "out="
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one implementation did in one row."""
+
+    status: str                 # "ok", "WRONG", "FAILED", "n/a"
+    detail: str = ""            # error text, mismatch summary, or why n/a
+    timing: Timing | None = None
+
+
+@dataclass(frozen=True)
+class Row:
+    workload: Workload
+    variant: str                # FRESH or PREALLOCATED
+    outcomes: dict[str, Outcome]
+
+    @property
+    def label(self) -> str:
+        return self.workload.name + (" out=" if self.variant == PREALLOCATED else "")
+
+    def seconds(self, impl: str) -> float | None:
+        outcome = self.outcomes.get(impl)
+        return outcome.timing.median if outcome and outcome.timing else None
+
+
+@dataclass
+class _Impl:
+    call: Callable[[], Any]
+    results: Callable[[Any], Arrays]      # the call's return value -> NumPy arrays
+    reset: Callable[[], None] = lambda: None   # before the checking call (NaN-fill out=)
+
+
+def run_workload(workload: Workload, *, backend: str = "c",
+                 options: TimingOptions | None = None, use_torch: bool = True,
+                 seed: int = 0, clock: Callable[[], float] | None = None,
+                 sleep: Callable[[float], None] | None = None) -> list[Row]:
+    """Check and time `workload`; one row per variant."""
+    args = workload.make_inputs(np.random.default_rng(seed))
+    expected = as_tuple(workload.numpy(*args))
+    function, compile_error = _define(workload, backend)
+    torch_args = _torch_inputs(args) if use_torch and workload.torch is not None else None
+    variants = (FRESH, PREALLOCATED) if workload.memory_bound else (FRESH,)
+    options = options or TimingOptions()
+    timing_kw: dict[str, Any] = {k: v for k, v in (("clock", clock), ("sleep", sleep)) if v}
+    rows = []
+    for variant in variants:
+        impls, outcomes = _impls(workload, variant, args, expected, function, torch_args,
+                                 use_torch)
+        if compile_error is not None:
+            outcomes["polytile"] = Outcome("FAILED", compile_error)
+        for name, impl in impls.items():
+            outcomes[name] = _check(impl, expected, workload)
+        runnable = {n: impls[n].call for n in IMPLS
+                    if n in impls and outcomes[n].status in ("ok", "WRONG")}
+        for name, timing in _time(runnable, options, outcomes, timing_kw).items():
+            outcomes[name] = Outcome(outcomes[name].status, outcomes[name].detail, timing)
+        rows.append(Row(workload, variant, {n: outcomes[n] for n in IMPLS}))
+    del args, expected, torch_args
+    gc.collect()
+    return rows
+
+
+def as_tuple(value: Any) -> Arrays:
+    return tuple(value) if isinstance(value, (tuple, list)) else (value,)
+
+
+def compare(got: Arrays, expected: Arrays, rtol: float, atol: float) -> Outcome:
+    """ok, or WRONG with how many elements are off and by how much."""
+    if len(got) != len(expected):
+        return Outcome("WRONG", f"{len(got)} outputs, expected {len(expected)}")
+    for i, (g, e) in enumerate(zip(got, expected)):
+        g = np.asarray(g)
+        if g.shape != e.shape:
+            return Outcome("WRONG", f"output {i} has shape {g.shape}, expected {e.shape}")
+        close = np.isclose(g, e, rtol=rtol, atol=atol)
+        if not close.all():
+            bad = int(close.size - np.count_nonzero(close))
+            with np.errstate(invalid="ignore"):
+                diff = np.abs(g.astype(np.float64) - e)
+            finite = diff[np.isfinite(diff)]
+            err = float(finite.max()) if finite.size else float("nan")
+            nans = int(np.count_nonzero(np.isnan(g) & ~np.isnan(e)))
+            what = f", {nans} NaN" if nans else ""
+            return Outcome("WRONG", f"output {i}: {bad} of {close.size} elements off{what}, "
+                           f"max |err| {err:.3g} (rtol {rtol:g}, atol {atol:g})")
+    return Outcome("ok")
+
+
+def error_text(error: BaseException) -> str:
+    from polytile.errors import PolytileError
+    if isinstance(error, PolytileError):
+        return error.render()
+    return f"{type(error).__name__}: {error}"
+
+
+# ------------------------------------------------------------------ building the impls
+def _define(workload: Workload, backend: str) -> tuple[Any, str | None]:
+    try:
+        import polytile
+        return polytile.define(workload.tc, backend=backend)[workload.function], None
+    except Exception as e:  # noqa: BLE001 - any failure is a FAILED row, never a crash
+        return None, error_text(e)
+
+
+def _torch_inputs(args: Arrays) -> tuple[Any, ...] | None:
+    try:
+        import torch
+    except ImportError:
+        return None
+    return tuple(torch.from_numpy(a) for a in args)
+
+
+def _impls(workload: Workload, variant: str, args: Arrays, expected: Arrays, function: Any,
+           torch_args: tuple[Any, ...] | None, use_torch: bool
+           ) -> tuple[dict[str, _Impl], dict[str, Outcome]]:
+    impls: dict[str, _Impl] = {}
+    missing: dict[str, Outcome] = {}
+    if variant == FRESH:
+        if function is not None:
+            impls["polytile"] = _Impl(lambda: function(*args), as_tuple)
+        impls["numpy"] = _Impl(lambda: workload.numpy(*args), as_tuple)
+        torch_fn = workload.torch
+        if torch_args is not None and torch_fn is not None:
+            impls["torch"] = _Impl(lambda: torch_fn(*torch_args), _tensors_to_numpy)
+    else:
+        if function is not None:
+            impls["polytile"] = _preallocated(lambda out: function(*args, out=out), expected)
+        numpy_out = workload.numpy_out
+        if numpy_out is not None:
+            impls["numpy"] = _preallocated(lambda out: numpy_out(*args, out=out), expected)
+        else:
+            missing["numpy"] = Outcome("n/a", "no out= version")
+        if torch_args is not None and workload.torch_out is not None:
+            impls["torch"] = _torch_preallocated(workload, torch_args, expected)
+        elif torch_args is not None:
+            missing["torch"] = Outcome("n/a", "no out= version in torch eager")
+    if "torch" not in impls and "torch" not in missing:
+        reason = "torch not used" if not use_torch else (
+            "torch not installed" if torch_args is None and workload.torch else "no torch version")
+        missing["torch"] = Outcome("n/a", reason)
+    return impls, missing
+
+
+def _preallocated(call: Callable[[Arrays], Any], expected: Arrays) -> _Impl:
+    buffers = tuple(np.empty_like(e) for e in expected)
+
+    def reset() -> None:
+        for b in buffers:
+            b.fill(np.nan)
+    return _Impl(lambda: call(buffers), lambda _: buffers, reset)
+
+
+def _torch_preallocated(workload: Workload, torch_args: tuple[Any, ...],
+                        expected: Arrays) -> _Impl:
+    import torch
+    buffers = tuple(torch.empty(e.shape, dtype=torch.from_numpy(e).dtype) for e in expected)
+    assert workload.torch_out is not None
+    torch_out = workload.torch_out
+
+    def reset() -> None:
+        for b in buffers:
+            b.fill_(float("nan"))
+    return _Impl(lambda: torch_out(*torch_args, out=buffers),
+                 lambda _: tuple(b.numpy() for b in buffers), reset)
+
+
+def _tensors_to_numpy(value: Any) -> Arrays:
+    tensors = value if isinstance(value, (tuple, list)) else (value,)
+    return tuple(np.asarray(t.detach().cpu().numpy()) for t in tensors)
+
+
+# ------------------------------------------------------------------ checking and timing
+def _check(impl: _Impl, expected: Arrays, workload: Workload) -> Outcome:
+    """The first call (for polytile: the compile) and its comparison with NumPy."""
+    try:
+        impl.reset()
+        got = impl.results(impl.call())
+    except Exception as e:  # noqa: BLE001
+        return Outcome("FAILED", error_text(e))
+    return compare(got, expected, workload.rtol, workload.atol)
+
+
+def _time(runnable: dict[str, Callable[[], Any]], options: TimingOptions,
+          outcomes: dict[str, Outcome], timing_kw: dict[str, Any]) -> dict[str, Timing]:
+    """time_blocks over the runnable impls; one that raises is FAILED and the rest retried."""
+    while runnable:
+        failed: list[tuple[str, BaseException]] = []
+
+        def guarded(name: str, fn: Callable[[], Any],
+                    failed: list[tuple[str, BaseException]] = failed) -> Callable[[], Any]:
+            def call() -> Any:
+                try:
+                    return fn()
+                except Exception as e:
+                    failed.append((name, e))
+                    raise
+            return call
+        try:
+            return time_blocks({n: guarded(n, f) for n, f in runnable.items()}, options,
+                               **timing_kw)
+        except Exception as e:  # noqa: BLE001
+            name, error = failed[0] if failed else (next(iter(runnable)), e)
+            outcomes[name] = Outcome("FAILED", "raised while timed: " + error_text(error))
+            runnable = {n: f for n, f in runnable.items() if n != name}
+    return {}

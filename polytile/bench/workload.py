@@ -1,0 +1,68 @@
+"""One benchmark workload as data: TC source, inputs, NumPy and PyTorch versions, work.
+
+Each workload's TC is written from the TC paper (tmm, tbmm, gconv, MLP1, MLP3, 2LUT)
+or in the same style (softmax, layernorm, batchnorm, group norm, bias+GELU+residual).
+The NumPy version is what a NumPy user would write (BLAS for contractions, ufuncs with
+`out=` for the preallocated variant) and is the oracle for correctness. The PyTorch
+versions are eager calls of the framework's own operators; they import torch only when
+called, so this module works without torch.
+
+`flops` counts a multiply-add as 2; `bytes` is the compulsory traffic (every input read
+once, every output written once) used for GB/s of memory-bound workloads.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+EPS = 1e-5   # of every normalization, as in PyTorch's defaults
+
+Arrays = tuple[np.ndarray, ...]
+
+
+@dataclass(frozen=True)
+class Workload:
+    key: str                                   # family, matched by --only: "tmm", "softmax", ...
+    sizes: tuple[tuple[str, int], ...]         # ("M", 128), ("K", 32), ...
+    tc: str
+    function: str                              # the TC def to call
+    make_inputs: Callable[[np.random.Generator], Arrays]
+    numpy: Callable[..., Any]
+    numpy_out: Callable[..., Any] | None = None    # f(*args, out=tuple_of_arrays)
+    torch: Callable[..., Any] | None = None        # f(*tensors) -> tensor(s)
+    torch_out: Callable[..., Any] | None = None    # f(*tensors, out=tuple_of_tensors)
+    flops: float = 0.0
+    bytes: float = 0.0
+    memory_bound: bool = False
+    rtol: float = 1e-4
+    atol: float = 1e-5
+    note: str = ""
+
+    @property
+    def name(self) -> str:
+        return f"{self.key} " + "x".join(str(v) for _, v in self.sizes)
+
+    @property
+    def size_text(self) -> str:
+        return ", ".join(f"{k}={v}" for k, v in self.sizes)
+
+    def matches(self, patterns: Iterable[str]) -> bool:
+        return any(p.lower() in (self.key.lower(), self.name.lower()) for p in patterns)
+
+
+def uniform(rng: np.random.Generator, *shape: int) -> np.ndarray:
+    """float32 uniform in [-1, 1)."""
+    return (rng.random(shape, dtype=np.float32) * 2 - 1).astype(np.float32, copy=False)
+
+
+def normal(rng: np.random.Generator, *shape: int) -> np.ndarray:
+    return rng.standard_normal(shape, dtype=np.float32)
+
+
+def torch_module() -> Any:
+    """torch, imported on first use: only the PyTorch versions need it."""
+    import torch
+    return torch

@@ -1,0 +1,336 @@
+"""Vector code for register-tiled leaf blocks (tags `regtile`, `vec=V`, `lanes=L`,
+`unroll=U`), with GCC vector extensions: no hope in the auto-vectorizer.
+
+The block's iteration space splits into
+* V, the vector index: L lanes per vector, all chunks of a parallel V unrolled
+  (outer-product kernels), or a loop over chunks of a reduction V followed by a
+  horizontal reduction (dot-product kernels);
+* U, unrolled indices: one copy of the body per value (the register tile);
+* other parallel indices, looped outside, and reduction indices, looped inside
+  around accumulators that stay in registers.
+
+Values are memoized per (statement, values of the unrolled indices it depends
+on), so a load that does not depend on an unrolled index is issued once and
+broadcast: `acc[m][w] += A[m,k] * B[k, w*L:(w+1)*L]` loads A once per m and B
+once per w. Tails (fewer than L lanes) use masked loads and stores; a reduction
+tail masks inactive lanes to the aggregation's identity. A tile cut short by a
+constraint runs the scalar code instead (boundary tiles), so the vector code has
+no guards.
+
+    block [m:8, n:32, k:256] #regtile #vec=n #lanes=16 #unroll=m
+      ->  pt_vf a0_0 = {0}, ... (8 x 2 accumulators)
+          for (k...) { b0 = load(B+..); b1 = ...; a = splat(A[..]); acc += a * b0; ... }
+          C[...] += acc ...
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+from polytile import dtypes
+from polytile.analysis.deps import scalar_indices
+from polytile.codegen import cexpr
+from polytile.codegen.cscope import Scope, c_affine, child_view, resolve
+from polytile.codegen.vmath import VECTOR_MATH_OPS
+from polytile.ir.nodes import Affine, Block, Constant, Intrinsic, Load, Store
+
+if TYPE_CHECKING:
+    from polytile.codegen.c import _FunctionWriter
+
+_INFIX = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
+_LANEWISE = {"sqrt": "sqrtf({})", "rsqrt": "1.0f / sqrtf({})", "fabs": "fabsf({})",
+             "abs": "fabsf({})", "floor": "floorf({})", "ceil": "ceilf({})",
+             "trunc": "truncf({})", "round": "roundf({})"}
+_VMATH = {"exp": "pt_vexp", "log": "pt_vlog", "tanh": "pt_vtanh", "erf": "pt_verf",
+          "sigmoid": "pt_vsigmoid"}
+_IDENTITY = {"add": "0.0f", "mul": "1.0f", "max": "-__builtin_inff()", "min": "__builtin_inff()"}
+SUPPORTED_OPS = (frozenset(_INFIX) | frozenset(_LANEWISE) | VECTOR_MATH_OPS
+                 | {"neg", "fmax", "fmin", "relu", "ident", "cast"})
+
+
+@dataclass
+class _Plan:
+    vector: str
+    lanes: int
+    unroll: dict[str, int]             # index -> range (every value unrolled)
+    par_loops: list[tuple[str, int]]   # parallel indices looped outside the accumulators
+    red_loops: list[tuple[str, int]]   # reduction indices looped inside
+    vec_range: int
+    vec_is_reduction: bool
+    agg: str
+
+
+def _tag(blk: Block, key: str) -> list[str]:
+    return [t.split("=", 1)[1] for t in blk.tags if t.startswith(key + "=")]
+
+
+def plan(blk: Block) -> _Plan | None:
+    """The vector plan for a leaf, or None when the scalar code must run instead."""
+    vec, lanes = _tag(blk, "vec"), _tag(blk, "lanes")
+    if not vec or not lanes or any(isinstance(s, Block) for s in blk.stmts):
+        return None
+    vector, n_lanes = vec[0], int(lanes[0])
+    stores = [s for s in blk.stmts if isinstance(s, Store)]
+    if len(stores) != 1 or any(not isinstance(s, (Load, Store, Constant, Intrinsic))
+                               for s in blk.stmts):
+        return None
+    if any(isinstance(s, Load) and s.dynamic for s in blk.stmts):
+        return None
+    if any(isinstance(s, Intrinsic) and (s.op not in SUPPORTED_OPS or s.dtype != dtypes.FLOAT32)
+           for s in blk.stmts):
+        return None
+    if any(isinstance(s, Constant) and s.dtype != dtypes.FLOAT32 for s in blk.stmts):
+        return None
+    if any(r.shape.dtype != dtypes.FLOAT32 for r in blk.refs):
+        return None
+    out = blk.ref(stores[0].ref)
+    if out.agg not in ("assign", "add", "mul", "max", "min"):
+        return None
+    loops = {i.name: i.range for i in blk.idxs if i.affine is None and i.range > 1}
+    if vector not in loops:
+        return None
+    written = {n for a in out.access for n in a.names}
+    unroll = {u: loops[u] for u in _tag(blk, "unroll") if u in loops and u != vector}
+    if any(u not in written for u in unroll):
+        return None
+    rest = [(n, r) for n, r in loops.items() if n != vector and n not in unroll]
+    vec_red = vector not in written
+    if vec_red and out.agg == "assign":
+        return None
+    return _Plan(vector, n_lanes, unroll, [x for x in rest if x[0] in written],
+                 [x for x in rest if x[0] not in written], loops[vector], vec_red, out.agg)
+
+
+def emit(w: "_FunctionWriter", blk: Block, outer: Scope) -> list[str] | None:
+    """Lines for `blk`, or None to let the scalar generator handle it."""
+    p = plan(blk)
+    if p is None:
+        return None
+    w.vector_lanes = p.lanes
+    idx: dict[str, Affine] = {}
+    for ix in blk.idxs:
+        if ix.affine is not None:
+            idx[ix.name] = resolve(ix.affine, outer.idx, f"passed index {ix.name!r}")
+        elif ix.range == 1:
+            idx[ix.name] = Affine.constant(0)
+    full = _full_tile(blk, idx)
+    body = _Emitter(w, blk, outer, p, idx).lines()
+    if full is None:
+        return [f"/* block {blk.name}: vector */"] + body
+    scalar = w.block(replace(blk, tags=blk.tags - {"regtile"}), outer)
+    return ([f"/* block {blk.name}: vector code for full tiles */", f"if ({full}) {{"]
+            + ["    " + x for x in body] + ["} else {"] + ["    " + x for x in scalar] + ["}"])
+
+
+def _full_tile(blk: Block, idx: dict[str, Affine]) -> str | None:
+    """C condition that every constraint holds on the whole box, or None if there are none."""
+    conds = []
+    ranges = {i.name: i.range for i in blk.idxs if i.affine is None}
+    for c in blk.constraints:
+        low = Affine.constant(c.const)
+        for name, coeff in c.terms:
+            if name in ranges:
+                low = low + (coeff * (ranges[name] - 1) if coeff < 0 else 0)
+            else:
+                low = low + idx[name].scale(coeff)
+        conds.append(f"({c_affine(low)}) >= 0")
+    return " && ".join(conds) if conds else None
+
+
+class _Emitter:
+    def __init__(self, w: "_FunctionWriter", blk: Block, outer: Scope, p: _Plan,
+                 idx: dict[str, Affine]):
+        self.w, self.blk, self.outer, self.p = w, blk, outer, p
+        self.base_idx = dict(idx)
+        self.deps = scalar_indices(blk)
+        self.store = next(s for s in blk.stmts if isinstance(s, Store))
+        self.out = blk.ref(self.store.ref)
+
+    # ------------------------------------------------------------ structure
+    def lines(self) -> list[str]:
+        p, w = self.p, self.w
+        idx = dict(self.base_idx)
+        par_vars = []
+        for name, _ in p.par_loops:
+            var = w.fresh("i")
+            idx[name] = Affine.index(var)
+            par_vars.append(var)
+        red_vars = []
+        for name, _ in p.red_loops:
+            var = w.fresh("i")
+            idx[name] = Affine.index(var)
+            red_vars.append(var)
+        combos = [dict(zip(p.unroll, vals)) for vals in
+                  itertools.product(*(range(r) for r in p.unroll.values()))] or [{}]
+        if p.vec_is_reduction:
+            body = self.dot(idx, combos)
+        else:
+            body = self.outer_product(idx, combos)
+        inner = body
+        # the reduction loops sit inside `body` already; wrap the parallel loops
+        for var, (_, rng) in reversed(list(zip(par_vars, p.par_loops))):
+            inner = [f"for (int64_t {var} = 0; {var} < {rng}; {var}++) {{"] + _ind(inner) + ["}"]
+        return ["{"] + _ind(inner) + ["}"]
+
+    def _red_loops(self, idx: dict[str, Affine], body: list[str]) -> list[str]:
+        for (name, rng) in reversed(self.p.red_loops):
+            var = c_affine(idx[name])
+            body = [f"for (int64_t {var} = 0; {var} < {rng}; {var}++) {{"] + _ind(body) + ["}"]
+        return body
+
+    def outer_product(self, idx: dict[str, Affine], combos: list[dict[str, int]]) -> list[str]:
+        p = self.p
+        chunks = [(c * p.lanes, min(p.lanes, p.vec_range - c * p.lanes))
+                  for c in range(-(-p.vec_range // p.lanes))]
+        accumulate = bool(p.red_loops)
+        pre, body, post = [], [], []
+        memo: dict = {}
+        accs: dict[tuple, str] = {}
+        for combo in combos:
+            for base, n in chunks:
+                at = dict(idx)
+                at.update({u: Affine.constant(v) for u, v in combo.items()})
+                at[p.vector] = Affine.constant(base)
+                value, is_vec = self.value(self.store.value, at, combo, base, n, memo, body)
+                value = value if is_vec else f"pt_vsplat({value})"
+                view = child_view(self.out, self.outer.views[self.out.from_], at)
+                addr = f"&{self.w.element(view, view.offset)}"
+                if not accumulate:
+                    body += self._combine_store(addr, value, n, p.agg)
+                    continue
+                acc = self.w.fresh("acc")
+                accs[(tuple(combo.items()), base)] = acc
+                pre.append(f"pt_vf {acc} = pt_vsplat({_IDENTITY[p.agg]});")
+                body.append(f"{acc} = {self._combine('add' if p.agg == 'add' else p.agg, acc, value)};")
+                post += self._combine_store(addr, acc, n, p.agg)
+        return pre + self._red_loops(idx, body) + post
+
+    def dot(self, idx: dict[str, Affine], combos: list[dict[str, int]]) -> list[str]:
+        p = self.p
+        chunk = self.w.fresh("i")
+        pre, post = [], []
+        full_body: list[str] = []
+        tail_body: list[str] = []
+        accs = []
+        tail = p.vec_range % p.lanes
+        start = p.vec_range - tail
+        for combo in combos:
+            acc = self.w.fresh("acc")
+            accs.append(acc)
+            pre.append(f"pt_vf {acc} = pt_vsplat({_IDENTITY[p.agg]});")
+        for body, base_expr, n in ((full_body, Affine.index(chunk), p.lanes),
+                                   (tail_body, Affine.constant(start), tail)):
+            if n == 0:
+                continue
+            memo: dict = {}
+            for combo, acc in zip(combos, accs):
+                at = dict(idx)
+                at.update({u: Affine.constant(v) for u, v in combo.items()})
+                at[p.vector] = base_expr
+                value, is_vec = self.value(self.store.value, at, combo, 0, n, memo, body)
+                value = value if is_vec else f"pt_vsplat({value})"
+                if n < p.lanes:
+                    value = f"pt_vsel(pt_viota() < {n}, {value}, pt_vsplat({_IDENTITY[p.agg]}))"
+                body.append(f"{acc} = {self._combine(p.agg, acc, value)};")
+        loop = [f"for (int64_t {chunk} = 0; {chunk} < {start}; {chunk} += {p.lanes}) {{"]
+        inner = (loop + _ind(full_body) + ["}"] if start else []) + tail_body
+        reduce = {"add": "pt_vhsum", "max": "pt_vhmax", "min": "pt_vhmin", "mul": "pt_vhprod"}
+        for combo, acc in zip(combos, accs):
+            at = dict(idx)
+            at.update({u: Affine.constant(v) for u, v in combo.items()})
+            view = child_view(self.out, self.outer.views[self.out.from_], at)
+            post.append(self.w.assign(view, view.offset, f"{reduce[p.agg]}({acc})", p.agg))
+        return pre + self._red_loops(idx, inner) + post
+
+    # ------------------------------------------------------------ values
+    def value(self, name: str, at: dict[str, Affine], combo: dict[str, int], base: int, n: int,
+              memo: dict, out: list[str]) -> tuple[str, bool]:
+        """C variable holding scalar `name` at this point; True if it is a vector."""
+        stmt = self.defs[name]
+        deps = self.deps[name]
+        key = (name, tuple(sorted((u, v) for u, v in combo.items() if u in deps)),
+               base if self.p.vector in deps else None)
+        if key in memo:
+            return memo[key]
+        if isinstance(stmt, Constant):
+            result = (cexpr.literal(stmt.value, stmt.dtype), False)
+        elif isinstance(stmt, Load):
+            result = self.load(stmt, at, n, out)
+        else:
+            assert isinstance(stmt, Intrinsic)
+            args = [self.value(a, at, combo, base, n, memo, out) for a in stmt.inputs]
+            result = self.intrinsic(stmt, args, out)
+        memo[key] = result
+        return result
+
+    @property
+    def defs(self) -> dict[str, object]:
+        return {s.into: s for s in self.blk.stmts if isinstance(s, (Load, Constant, Intrinsic))}
+
+    def load(self, st: Load, at: dict[str, Affine], n: int, out: list[str]) -> tuple[str, bool]:
+        ref = self.blk.ref(st.ref)
+        view = child_view(ref, self.outer.views[ref.from_], at)
+        element = self.w.element(view, view.offset)
+        if self.p.vector in self.deps[st.into]:
+            var = self.w.fresh("v")
+            load = f"pt_vload(&{element})" if n == self.p.lanes else f"pt_vload_n(&{element}, {n})"
+            out.append(f"const pt_vf {var} = {load};")
+            return var, True
+        var = self.w.fresh("s")
+        out.append(f"const float {var} = {element};")
+        return var, False
+
+    def intrinsic(self, st: Intrinsic, args: list[tuple[str, bool]],
+                  out: list[str]) -> tuple[str, bool]:
+        vec = any(v for _, v in args)
+        xs = [a if v or not vec else f"pt_vsplat({a})" for a, v in args]
+        op = st.op
+        if op in ("ident", "cast"):
+            return args[0]
+        if not vec:
+            expr = cexpr.intrinsic(op, [(a, dtypes.FLOAT32) for a, _ in args], st.dtype,
+                                   self.w.needs)
+            var = self.w.fresh("s")
+            out.append(f"const float {var} = {expr};")
+            return var, False
+        if op in _INFIX:
+            expr = f"{xs[0]} {_INFIX[op]} {xs[1]}"
+        elif op == "neg":
+            expr = f"-{xs[0]}"
+        elif op in ("fmax", "fmin"):
+            expr = f"pt_v{op}({xs[0]}, {xs[1]})"
+        elif op == "relu":
+            expr = f"pt_vfmax({xs[0]}, pt_vsplat(0.0f))"
+        elif op in _VMATH:
+            expr = f"{_VMATH[op]}({xs[0]})"
+        else:
+            var = self.w.fresh("v")
+            out.append(f"pt_vf {var};")
+            lane = self.w.fresh("l")
+            out.append(f"for (int {lane} = 0; {lane} < {self.p.lanes}; {lane}++) "
+                       f"{var}[{lane}] = {_LANEWISE[op].format(f'{xs[0]}[{lane}]')};")
+            return var, True
+        var = self.w.fresh("v")
+        out.append(f"const pt_vf {var} = {expr};")
+        return var, True
+
+    @staticmethod
+    def _combine(agg: str, acc: str, value: str) -> str:
+        if agg == "add":
+            return f"{acc} + {value}"
+        if agg == "mul":
+            return f"{acc} * {value}"
+        return f"pt_v{'max' if agg == 'max' else 'min'}_nan({acc}, {value})"
+
+    def _combine_store(self, addr: str, value: str, n: int, agg: str) -> list[str]:
+        full = n == self.p.lanes
+        load = f"pt_vload({addr})" if full else f"pt_vload_n({addr}, {n})"
+        if agg != "assign":
+            value = self._combine(agg, load, value)
+        store = f"pt_vstore({addr}, {value});" if full else f"pt_vstore_n({addr}, {value}, {n});"
+        return [store]
+
+
+def _ind(lines: list[str]) -> list[str]:
+    return ["    " + x for x in lines]

@@ -1,0 +1,169 @@
+"""Vectorizable float32 math for the vector code generator (GCC vector extensions).
+
+Each function works lane by lane on `pt_vf` (float32 x lanes) with plain vector
+arithmetic, so GCC keeps everything in registers. Error bounds (measured against
+float64 references over the float32 range, see tests/codegen/test_vmath.py):
+
+* exp:  range reduction x = n*ln2 + r, |r| <= ln2/2, degree-7 Taylor polynomial;
+        relative error <= 2 ulp; exp(-inf) = 0, exp(+inf) = inf, NaN propagates;
+        results below 2^-126 flush to 0 (no subnormals).
+* log:  x = m * 2^e with m in [sqrt(1/2), sqrt(2)), degree-9 polynomial in (m - 1)
+        (Cephes logf); relative error <= 3 ulp for normal x; log(0) = -inf,
+        log(x < 0) = NaN, log(inf) = inf, NaN propagates.
+* tanh: odd polynomial for |x| < 0.625 (Cephes tanhf), 1 - 2/(exp(2|x|) + 1) above;
+        absolute error <= 2e-7.
+* erf:  Abramowitz & Stegun 7.1.26 (1.5e-7) evaluated in float32; absolute error <= 5e-7.
+* sigmoid: 1 / (1 + exp(-x)); relative error <= 3 ulp.
+"""
+from __future__ import annotations
+
+VECTOR_MATH_OPS = frozenset({"exp", "log", "tanh", "erf", "sigmoid"})
+
+
+def vector_math(lanes: int) -> str:
+    """C definitions of the vector types and math for `lanes` float32 lanes."""
+    nbytes = 4 * lanes
+    return f"""
+#if defined(__AVX512F__) || defined(__AVX__)
+#include <immintrin.h>
+#endif
+typedef float pt_vf __attribute__((vector_size({nbytes})));
+typedef int32_t pt_vi __attribute__((vector_size({nbytes})));
+typedef float pt_vf_u __attribute__((vector_size({nbytes}), aligned(4)));
+static inline pt_vf pt_vsel(pt_vi m, pt_vf a, pt_vf b) {{
+  return (pt_vf)(((pt_vi)a & m) | ((pt_vi)b & ~m));
+}}
+static inline pt_vf pt_vsplat(float x) {{ return (pt_vf){{0}} + x; }}
+static inline pt_vi pt_viota(void) {{
+  pt_vi v;
+  for (int l = 0; l < {lanes}; l++) v[l] = l;
+  return v;
+}}
+/* First n lanes from p, the rest 0; never touches memory past p[n-1]. */
+static inline pt_vf pt_vload_n(const float *p, int64_t n) {{
+#if defined(__AVX512F__)
+  if ({lanes} == 16) return (pt_vf)_mm512_maskz_loadu_ps((__mmask16)((1u << n) - 1u), p);
+#endif
+  pt_vf v = {{0}};
+  for (int64_t l = 0; l < n; l++) v[l] = p[l];
+  return v;
+}}
+static inline void pt_vstore_n(float *p, pt_vf v, int64_t n) {{
+#if defined(__AVX512F__)
+  if ({lanes} == 16) {{ _mm512_mask_storeu_ps(p, (__mmask16)((1u << n) - 1u), (__m512)v); return; }}
+#endif
+  for (int64_t l = 0; l < n; l++) p[l] = v[l];
+}}
+static inline pt_vf pt_vload(const float *p) {{ return *(const pt_vf_u *)p; }}
+static inline void pt_vstore(float *p, pt_vf v) {{ *(pt_vf_u *)p = v; }}
+static inline float pt_vhsum(pt_vf v) {{
+  float s = 0.0f;
+  for (int l = 0; l < {lanes}; l++) s += v[l];
+  return s;
+}}
+static inline float pt_vhprod(pt_vf v) {{
+  float s = 1.0f;
+  for (int l = 0; l < {lanes}; l++) s *= v[l];
+  return s;
+}}
+static inline float pt_vhmax(pt_vf v) {{
+  float s = v[0];
+  for (int l = 1; l < {lanes}; l++) if (s == s && (v[l] != v[l] || v[l] > s)) s = v[l];
+  return s;
+}}
+static inline float pt_vhmin(pt_vf v) {{
+  float s = v[0];
+  for (int l = 1; l < {lanes}; l++) if (s == s && (v[l] != v[l] || v[l] < s)) s = v[l];
+  return s;
+}}
+static inline pt_vf pt_vmax_nan(pt_vf a, pt_vf b) {{   /* NaN-propagating, like NumPy's max */
+  pt_vi keep_a = (a > b) | (a != a);
+  return pt_vsel(keep_a, a, b);
+}}
+static inline pt_vf pt_vmin_nan(pt_vf a, pt_vf b) {{
+  pt_vi keep_a = (a < b) | (a != a);
+  return pt_vsel(keep_a, a, b);
+}}
+static inline pt_vf pt_vfmax(pt_vf a, pt_vf b) {{      /* C fmaxf: a NaN operand loses */
+  return pt_vsel((a > b) | (b != b), a, b);
+}}
+static inline pt_vf pt_vfmin(pt_vf a, pt_vf b) {{
+  return pt_vsel((a < b) | (b != b), a, b);
+}}
+static inline pt_vf pt_vexp(pt_vf x) {{
+  const pt_vf hi = pt_vsplat(88.72283935546875f), lo = pt_vsplat(-87.33654022216797f);
+  pt_vi over = x > hi, under = x < lo;
+  pt_vf xc = pt_vsel(over, hi, pt_vsel(under, lo, x));
+  pt_vf magic = pt_vsplat(12582912.0f);
+  pt_vf n = (xc * 1.4426950408889634f + magic) - magic;
+  pt_vf r = xc - n * 0.693359375f;
+  r = r + n * 2.12194440e-4f;
+  pt_vf p = pt_vsplat(1.9841270e-4f);
+  p = p * r + 1.3888889e-3f;
+  p = p * r + 8.3333333e-3f;
+  p = p * r + 4.1666667e-2f;
+  p = p * r + 1.6666667e-1f;
+  p = p * r + 0.5f;
+  p = p * r + 1.0f;
+  p = p * r + 1.0f;
+  pt_vi e = (__builtin_convertvector(n, pt_vi) + 127) << 23;
+  pt_vf y = p * (pt_vf)e;
+  y = pt_vsel(over, pt_vsplat(__builtin_inff()), y);
+  return pt_vsel(under, pt_vsplat(0.0f), y);
+}}
+static inline pt_vf pt_vlog(pt_vf x) {{
+  pt_vi bits = (pt_vi)x;
+  pt_vi e = ((bits >> 23) & 0xff) - 127;
+  pt_vf m = (pt_vf)((bits & 0x007fffff) | 0x3f800000);
+  pt_vi big = m > 1.41421356f;
+  m = pt_vsel(big, m * 0.5f, m);
+  e = e + (big & 1);
+  pt_vf f = m - 1.0f;
+  pt_vf z = f * f;
+  pt_vf p = pt_vsplat(7.0376836292e-2f);
+  p = p * f - 1.1514610310e-1f;
+  p = p * f + 1.1676998740e-1f;
+  p = p * f - 1.2420140846e-1f;
+  p = p * f + 1.4249322787e-1f;
+  p = p * f - 1.6668057665e-1f;
+  p = p * f + 2.0000714765e-1f;
+  p = p * f - 2.4999993993e-1f;
+  p = p * f + 3.3333331174e-1f;
+  pt_vf y = f * z * p;
+  pt_vf ef = __builtin_convertvector(e, pt_vf);
+  y = y - 0.5f * z + f;
+  y = y + ef * 0.693147180559945f;
+  y = pt_vsel(x == 0.0f, pt_vsplat(-__builtin_inff()), y);
+  y = pt_vsel(x < 0.0f, pt_vsplat(__builtin_nanf("")), y);
+  y = pt_vsel(x == __builtin_inff(), x, y);
+  return pt_vsel(x != x, x, y);
+}}
+static inline pt_vf pt_vtanh(pt_vf x) {{
+  pt_vi neg = x < 0.0f;
+  pt_vf a = pt_vsel(neg, -x, x);
+  pt_vf z = x * x;
+  pt_vf p = pt_vsplat(-5.70498872745e-3f);
+  p = p * z + 2.06390887954e-2f;
+  p = p * z - 5.37397155531e-2f;
+  p = p * z + 1.33314422036e-1f;
+  p = p * z - 3.33332819422e-1f;
+  pt_vf small = x + x * z * p;
+  pt_vf big = 1.0f - 2.0f / (pt_vexp(a + a) + 1.0f);
+  big = pt_vsel(neg, -big, big);
+  return pt_vsel(a < 0.625f, small, big);
+}}
+static inline pt_vf pt_verf(pt_vf x) {{
+  pt_vi neg = x < 0.0f;
+  pt_vf a = pt_vsel(neg, -x, x);
+  pt_vf t = 1.0f / (1.0f + 0.3275911f * a);
+  pt_vf p = pt_vsplat(1.061405429f);
+  p = p * t - 1.453152027f;
+  p = p * t + 1.421413741f;
+  p = p * t - 0.284496736f;
+  p = p * t + 0.254829592f;
+  pt_vf y = 1.0f - p * t * pt_vexp(-(a * a));
+  y = pt_vsel(neg, -y, y);
+  return pt_vsel(x != x, x, y);
+}}
+static inline pt_vf pt_vsigmoid(pt_vf x) {{ return 1.0f / (1.0f + pt_vexp(-x)); }}
+"""

@@ -1,0 +1,225 @@
+"""fuse (TC §5 fusion, Stripe "Fusion"): consecutive kernels that share an outer
+parallel index become one loop nest over that index, and temporaries used only
+inside it shrink to one row (localize).
+
+    block s0 [i0:N, i1:M] ( out t[i0, i1] )          block fused_0 [r:N] #fused (
+    block s1 [i0:N, i1:M] ( in t[i0, i1] ...)   ->      none t[0, 0] float32(1:M, M:1) @local
+                                                        block s0 [i1:M, i0 = r] ( out t <- t[0, i1] )
+                                                        block s1 [i1:M, i0 = r] ( in t <- t[0, i1] ) )
+
+Legality comes from exact dependences: for every pair of accesses to one buffer
+(at least one a write) by two members, isl proves that rows r != r' never touch the
+same element, so the fused rows are independent and can run in parallel.
+A member is fusible when it does not reuse a large input across rows (a
+contraction whose weights are shared by every row keeps its own tiled loop nest).
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import islpy as isl
+
+from polytile.ir import nodes as N
+from polytile.passes.pipeline import PASSES
+from polytile.targets.target import Target
+
+ROW = "r"
+
+
+def _row_index(block: N.Block) -> N.Index | None:
+    """The block's first index, when every view it writes depends on it."""
+    if not block.idxs or block.idxs[0].affine is not None:
+        return None
+    first = block.idxs[0]
+    outs = [r for r in block.refs if r.dir in ("out", "inout")]
+    if not outs or not all(any(a.coeff(first.name) for a in r.access) for r in outs):
+        return None
+    return first
+
+
+def _fusible(block: N.Block, budget: int) -> bool:
+    if "kernel" not in block.tags or any(isinstance(s, N.Block) for s in block.stmts):
+        return False
+    row = _row_index(block)
+    if row is None:
+        return False
+    shared = 0
+    for ref in block.refs:
+        if ref.dir == "in" and not any(a.coeff(row.name) for a in ref.access):
+            shared += _view_bytes(ref, block)
+    return shared <= budget
+
+
+def _view_bytes(ref: N.Refinement, block: N.Block) -> int:
+    ranges = {i.name: i.range for i in block.idxs}
+    elems = 1
+    for a, d in zip(ref.access, ref.shape.dims):
+        elems *= d.size + sum(abs(c) * (ranges.get(n, 1) - 1) for n, c in a.terms)
+    return elems * max(1, ref.shape.dtype.bits // 8)
+
+
+def _domain(block: N.Block, tag: str) -> tuple[list[str], list[str]]:
+    """isl variable names and constraints of a block's iteration space; the row index
+    is named `tag_row`."""
+    names, cons = [], []
+    row = block.idxs[0].name
+    for idx in block.idxs:
+        v = f"{tag}_{idx.name}"
+        names.append(v)
+        cons.append(f"0 <= {v} < {idx.range}")
+    for c in block.constraints:
+        cons.append(f"{_isl(c, tag)} >= 0")
+    assert row
+    return names, cons
+
+
+def _isl(a: N.Affine, tag: str) -> str:
+    text = str(a.const)
+    for n, c in a.terms:
+        text += f" {'-' if c < 0 else '+'} {abs(c)}*{tag}_{n}"
+    return text
+
+
+def _conflict_free(a: N.Block, b: N.Block) -> bool:
+    """No element is touched by row r of `a` and row r' != r of `b` (one of them writing)."""
+    na, ca = _domain(a, "a")
+    nb, cb = _domain(b, "b")
+    for ra in a.refs:
+        for rb in b.refs:
+            if ra.from_ != rb.from_ or (ra.dir == "in" and rb.dir == "in"):
+                continue
+            same = [f"{_isl(x, 'a')} = {_isl(y, 'b')}" for x, y in zip(ra.access, rb.access)]
+            rows = f"a_{a.idxs[0].name} != b_{b.idxs[0].name}"
+            text = (f"{{ [{', '.join(na + nb)}] : {' and '.join(ca + cb + same + [rows])} }}")
+            if not isl.Set(text).is_empty():
+                return False
+    return True
+
+
+def fuse(fn: N.Function, target: Target, params: dict[str, Any]) -> N.Function:
+    if params.get("strategy", "rows") == "none":
+        return fn
+    budget = target.cache_size("L1") // 2
+    groups: list[list[N.Statement]] = []
+    for s in fn.body.stmts:
+        last = groups[-1] if groups else None
+        if (isinstance(s, N.Block) and _fusible(s, budget) and last
+                and isinstance(last[0], N.Block) and _fusible(last[0], budget)
+                and _row_index(last[0]).range == _row_index(s).range  # type: ignore[union-attr]
+                and all(_conflict_free(m, s) for m in last)):  # type: ignore[arg-type]
+            last.append(s)
+        else:
+            groups.append([s])
+    stmts: list[N.Statement] = []
+    temps = {r.into for r in fn.body.refs if r.dir == "none"}
+    for k, group in enumerate(groups):
+        if len(group) == 1:
+            stmts.append(group[0])
+            continue
+        stmts.append(_fused(f"fused_{k}", group, fn.body))  # type: ignore[arg-type]
+    body = replace(fn.body, stmts=tuple(stmts))
+    return replace(fn, body=_localize(body, temps))
+
+
+def _fused(name: str, members: list[N.Block], parent: N.Block) -> N.Block:
+    rows = members[0].idxs[0].range
+    used: dict[str, set[str]] = {}
+    for m in members:
+        for r in m.refs:
+            used.setdefault(r.from_, set()).add(r.dir)
+    refs = []
+    for p in parent.refs:
+        if p.into not in used:
+            continue
+        dirs = used[p.into]
+        direction = "in" if dirs == {"in"} else ("out" if "in" not in dirs and
+                                                 "inout" not in dirs else "inout")
+        refs.append(N.Refinement(direction, p.into, p.into, tuple(N.Affine() for _ in p.access),
+                                 p.shape, "assign"))
+    inner = []
+    for m in members:
+        row = m.idxs[0]
+        idxs = (N.Index(row.name, 1, N.Affine.index(ROW)),) + m.idxs[1:]
+        inner.append(replace(m, idxs=idxs))
+    return N.Block(name, (N.Index(ROW, rows),), (), tuple(refs), tuple(inner),
+                   frozenset({"fused"}))
+
+
+def _localize(body: N.Block, temps: set[str]) -> N.Block:
+    """A temporary used by one fused block only, always at its row, becomes a one-row
+    buffer allocated inside that block (each row, and so each thread, has its own)."""
+    users: dict[str, list[int]] = {}
+    for k, s in enumerate(body.stmts):
+        if isinstance(s, N.Block):
+            for r in s.refs:
+                users.setdefault(r.from_, []).append(k)
+    stmts = list(body.stmts)
+    moved: set[str] = set()
+    for name in temps:
+        ks = set(users.get(name, []))
+        if len(ks) != 1:
+            continue
+        k = ks.pop()
+        block = stmts[k]
+        assert isinstance(block, N.Block)
+        if "fused" not in block.tags:
+            continue
+        dim = _row_dim(block, name)
+        if dim is None:
+            continue
+        stmts[k] = _shrink(block, name, dim, body.ref(name))
+        moved.add(name)
+    refs = tuple(r for r in body.refs if r.into not in moved)
+    return replace(body, refs=refs, stmts=tuple(stmts))
+
+
+def _row_dim(block: N.Block, buffer: str) -> int | None:
+    """The dimension every member indexes with exactly the fused row."""
+    dims: set[int] = set()
+    for m in block.stmts:
+        if not isinstance(m, N.Block):
+            return None
+        row = m.idxs[0].name
+        for r in m.refs:
+            if r.from_ != buffer:
+                continue
+            found = [d for d, a in enumerate(r.access) if a == N.Affine.index(row)]
+            others = [d for d, a in enumerate(r.access) if row in a.names and d not in found]
+            if len(found) != 1 or others:
+                return None
+            dims.add(found[0])
+    return dims.pop() if len(dims) == 1 else None
+
+
+def _shrink(block: N.Block, buffer: str, dim: int, top: N.Refinement) -> N.Block:
+    dims = list(top.shape.dims)
+    dims[dim] = N.Dim(1, dims[dim].stride)
+    # Recompute contiguous strides for the one-row buffer.
+    sizes = [d.size for d in dims]
+    strides, step = [], 1
+    for size in reversed(sizes):
+        strides.append(step)
+        step *= max(size, 1)
+    shape = N.TensorShape(top.shape.dtype,
+                          tuple(N.Dim(s, st) for s, st in zip(sizes, reversed(strides))))
+    local = N.Refinement("none", "", buffer, tuple(N.Affine() for _ in dims), shape,
+                         "assign", "local")
+    members = []
+    for m in block.stmts:
+        assert isinstance(m, N.Block)
+        refs = []
+        for r in m.refs:
+            if r.from_ == buffer:
+                access = list(r.access)
+                access[dim] = N.Affine()
+                rdims = tuple(N.Dim(d.size, st.stride) for d, st in zip(r.shape.dims,
+                                                                         shape.dims))
+                r = replace(r, access=tuple(access), shape=N.TensorShape(r.shape.dtype, rdims))
+            refs.append(r)
+        members.append(replace(m, refs=tuple(refs)))
+    refs = tuple(r for r in block.refs if r.into != buffer) + (local,)
+    return replace(block, refs=refs, stmts=tuple(members))
+
+
+PASSES["fuse"] = fuse

@@ -1,0 +1,196 @@
+"""Smoke tests of the bench harness: structure and verdicts, never timing values.
+
+Workloads run on the interp backend with a stubbed sleep and blocks of a millisecond,
+so the file takes a few seconds.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from polytile.bench import command, latency, report
+from polytile.bench.harness import FRESH, IMPLS, PREALLOCATED, compare, run_workload
+from polytile.bench.peak import Peak, measure_peak
+from polytile.bench.timing import TimingOptions, percentile, rotation, time_blocks
+from polytile.bench.workloads import quick_set, select
+
+FAST = TimingOptions(rounds=2, block_seconds=0.001, settle_seconds=0.0, discard_calls=1,
+                     min_sample_seconds=0.0)
+PEAK = Peak("avx2", 2, {1: 100.0, 2: 200.0}, {"copy": 10.0, "triad": 12.0}, 512.0)
+
+
+def _no_sleep(_: float) -> None:
+    pass
+
+
+def _quick(key: str):  # type: ignore[no-untyped-def]
+    return next(w for w in quick_set() if w.key == key)
+
+
+def _run(workload, **kw):  # type: ignore[no-untyped-def]
+    return run_workload(workload, backend="interp", options=FAST, sleep=_no_sleep, **kw)
+
+
+def test_compute_bound_workload_gives_one_checked_row() -> None:
+    (row,) = _run(_quick("tmm"))
+    assert row.variant == FRESH
+    assert set(row.outcomes) == set(IMPLS)
+    assert row.outcomes["polytile"].status == "ok"
+    assert row.outcomes["numpy"].timing is not None
+    assert row.outcomes["numpy"].timing.calls >= FAST.rounds
+    header, lines = report.results_table([row], PEAK)
+    assert header == report.HEADER
+    assert len(lines) == 1 and len(lines[0]) == len(header)
+    assert lines[0][0] == row.label and lines[0][-1] == "ok"
+    assert lines[0][6].endswith("GFLOP/s") and lines[0][7].endswith("%")
+
+
+def test_memory_bound_workload_is_reported_fresh_and_preallocated() -> None:
+    rows = _run(_quick("softmax"), use_torch=False)
+    assert [r.variant for r in rows] == [FRESH, PREALLOCATED]
+    assert all(r.outcomes["polytile"].status == "ok" for r in rows)
+    assert rows[1].label.endswith("out=")
+    assert rows[0].outcomes["torch"].status == "n/a"
+    text = report.format_text(*report.results_table(rows, None))
+    assert "GB/s" in text and "n/a" in text
+
+
+def test_wrong_result_is_flagged_loudly() -> None:
+    good = _quick("tmm")
+    bad = dataclasses.replace(good, numpy=lambda a, b: a @ b.T + 1)   # the oracle moved
+    (row,) = _run(bad, use_torch=False)
+    assert row.outcomes["polytile"].status == "WRONG"
+    assert "elements off" in row.outcomes["polytile"].detail
+    assert row.outcomes["polytile"].timing is not None      # still timed, but flagged
+    _, lines = report.results_table([row], PEAK)
+    assert lines[0][-1].startswith("WRONG")
+    banner = report.wrong_banner([row])
+    assert "WRONG RESULTS" in banner and row.label in banner
+    markdown = report.throughput_markdown([row], PEAK, None, {"CPU": "test"}, "polytile bench",
+                                          "today", "Throughput")
+    assert "### WRONG RESULTS" in markdown
+
+
+def test_unwritten_preallocated_output_is_wrong() -> None:
+    workload = _quick("gelu")
+    lazy = dataclasses.replace(workload, numpy_out=lambda x, b, r, *, out: out)
+    rows = _run(lazy, use_torch=False)
+    # NumPy is the oracle in the fresh row; in the out= row its lazy version is checked too.
+    assert rows[1].outcomes["numpy"].status == "WRONG"
+    assert "NaN" in rows[1].outcomes["numpy"].detail
+
+
+def test_compile_failure_is_failed_not_a_crash() -> None:
+    broken = dataclasses.replace(_quick("tmm"), tc="def tmm(float(M,K) A) -> (C) { C(m) +=! }")
+    (row,) = _run(broken, use_torch=False)
+    assert row.outcomes["polytile"].status == "FAILED"
+    assert row.outcomes["polytile"].detail
+    assert row.outcomes["numpy"].timing is not None
+    _, lines = report.results_table([row], PEAK)
+    assert lines[0][1] == "FAILED" and lines[0][-1].startswith("FAILED")
+
+
+def test_every_quick_workload_matches_numpy_on_the_interpreter() -> None:
+    for workload in quick_set():
+        args = workload.make_inputs(np.random.default_rng(1))
+        import polytile
+        got = polytile.define(workload.tc, backend="interp")[workload.function](*args)
+        got = got if isinstance(got, tuple) else (got,)
+        expected = workload.numpy(*args)
+        expected = expected if isinstance(expected, tuple) else (expected,)
+        assert compare(got, expected, workload.rtol, workload.atol).status == "ok", workload.name
+
+
+def test_select_filters_by_family_and_full_name() -> None:
+    assert {w.key for w in select(only=["tmm"])} == {"tmm"}
+    assert len(select(only=["tmm"])) == 3
+    assert [w.name for w in select(only=["tmm 128x32x256"])] == ["tmm 128x32x256"]
+    assert select(quick=True, only=["nothing"]) == []
+
+
+def test_time_blocks_rotates_order_and_times_each_in_blocks() -> None:
+    now = [0.0]
+    calls: list[str] = []
+
+    def impl(name: str, cost: float):  # type: ignore[no-untyped-def]
+        def call() -> None:
+            calls.append(name)
+            now[0] += cost
+        return call
+    unit = 2.0 ** -10     # exact in binary, so the stub clock's sums are exact
+    options = TimingOptions(rounds=3, block_seconds=10 * unit, settle_seconds=0.0,
+                            discard_calls=1, min_sample_seconds=0.0)
+    timings = time_blocks({"a": impl("a", unit), "b": impl("b", 2 * unit)}, options,
+                          clock=lambda: now[0], sleep=_no_sleep)
+    assert timings["a"].median == unit and timings["b"].median == 2 * unit
+    assert len(timings["a"].samples) == 3 * 10 and len(timings["b"].samples) == 3 * 5
+    runs: list[list[str]] = []
+    for name in calls:
+        if runs and runs[-1][0] == name:
+            runs[-1].append(name)
+        else:
+            runs.append([name])
+    # calibration a, b; then blocks of 1 discarded + timed calls, never interleaved:
+    # round 0 a b, round 1 b a, round 2 a b (adjacent blocks of one impl merge).
+    assert [(r[0], len(r)) for r in runs] == [("a", 1), ("b", 1), ("a", 11), ("b", 12),
+                                              ("a", 22), ("b", 6)]
+    assert rotation(["x", "y", "z"], 1) == ["y", "z", "x"]
+
+
+def test_percentile_interpolates_like_numpy() -> None:
+    data = [5.0, 1.0, 4.0, 2.0, 3.0]
+    for q in (0, 10, 50, 90, 100):
+        assert percentile(data, q) == pytest.approx(float(np.percentile(data, q)))
+
+
+def test_write_section_replaces_only_its_own_section(tmp_path: Path) -> None:
+    path = tmp_path / "benchmarks" / "RESULTS.md"
+    report.write_section(path, "throughput", "## one\n")
+    report.write_section(path, "latency", "## two\n")
+    report.write_section(path, "throughput", "## three\n")
+    text = path.read_text()
+    assert "## one" not in text and "## two" in text and "## three" in text
+    assert text.index("## three") < text.index("## two")
+
+
+def test_cli_bench_writes_results(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                  capsys: pytest.CaptureFixture[str]) -> None:
+    from polytile import cli
+    from polytile.bench import harness, peak
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(command, "BLAS_ENV_VARS", ())   # never re-run in a child here
+    monkeypatch.setattr(peak, "measure_peak", lambda **_: PEAK)
+    fast_run = harness.run_workload
+    monkeypatch.setattr(harness, "run_workload",
+                        lambda w, **kw: fast_run(w, **{**kw, "options": FAST,
+                                                       "sleep": _no_sleep}))
+    status = cli.main(["bench", "--quick", "--only", "tmm,layernorm", "--backend", "interp"])
+    assert status == 0
+    out = capsys.readouterr().out
+    assert "polytile ms" in out and "layernorm 33x67 out=" in out
+    results = (tmp_path / "benchmarks" / "RESULTS.md").read_text()
+    assert "polytile bench --quick --only=tmm,layernorm --backend=interp" in results
+    assert "### Measured peak" in results and "### Spread" in results
+    assert "polytile-bench:throughput-quick-partial:begin" in results
+
+
+def test_peak_probe_compiles_and_runs() -> None:
+    measured = measure_peak(repeats=1, fma_seconds=0.01, array_bytes=8 << 20)
+    assert measured.isa in ("avx512", "avx2", "scalar")
+    assert all(v > 0 for v in measured.fma_gflops.values())
+    assert {"copy", "triad", "triad_1t"} <= set(measured.bandwidth)
+    assert measured.lines()
+
+
+def test_latency_child_prints_one_json_line(capsys: pytest.CaptureFixture[str]) -> None:
+    assert latency.child_main("gather") == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert "define_s" in result or "error" in result
+    assert "first_call_s" in result or "error" in result
+    rows = [latency.LatencyRow(latency.EXAMPLES[5], [result], [result])]
+    header, lines = report.latency_table(rows)
+    assert len(lines[0]) == len(header)

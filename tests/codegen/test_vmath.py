@@ -1,0 +1,84 @@
+"""Error bounds of the vector math (polytile/codegen/vmath.py), measured against
+float64 NumPy/SciPy on dense samples and special values."""
+import ctypes
+import subprocess
+
+import numpy as np
+import pytest
+from scipy import special
+
+from polytile.codegen.vmath import vector_math
+
+LANES = 16
+FUNCS = ("exp", "log", "tanh", "erf", "sigmoid")
+
+
+@pytest.fixture(scope="module")
+def vmath_lib(tmp_path_factory):
+    body = "\n".join(
+        f"void run_{f}(const float *x, float *y, long n) {{\n"
+        f"  for (long i = 0; i + {LANES} <= n; i += {LANES}) pt_vstore(y + i, pt_v{f}(pt_vload(x + i)));\n"
+        f"}}" for f in FUNCS)
+    src = "#include <stdint.h>\n#include <math.h>\n" + vector_math(LANES) + body
+    d = tmp_path_factory.mktemp("vmath")
+    (d / "v.c").write_text(src)
+    subprocess.run(["cc", "-O2", "-march=native", "-shared", "-fPIC", str(d / "v.c"), "-o",
+                    str(d / "v.so"), "-lm"], check=True)
+    return ctypes.CDLL(str(d / "v.so"))
+
+
+def _run(lib, name, x):
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    y = np.empty_like(x)
+    getattr(lib, f"run_{name}")(x.ctypes.data_as(ctypes.c_void_p),
+                                 y.ctypes.data_as(ctypes.c_void_p), ctypes.c_long(x.size))
+    return y
+
+
+def _samples(lo, hi, n=1 << 16):
+    return np.linspace(lo, hi, n, dtype=np.float32)
+
+
+def _ulp_error(got, want):
+    want32 = want.astype(np.float32)
+    spacing = np.spacing(np.abs(want32)).astype(np.float64)
+    return np.max(np.abs(got.astype(np.float64) - want) / spacing)
+
+
+def test_exp_within_2_ulp(vmath_lib):
+    x = _samples(-87.0, 88.0)
+    assert _ulp_error(_run(vmath_lib, "exp", x), np.exp(x.astype(np.float64))) <= 2.0
+
+
+def test_log_within_3_ulp(vmath_lib):
+    x = np.exp(_samples(-80.0, 80.0)).astype(np.float32)
+    assert _ulp_error(_run(vmath_lib, "log", x), np.log(x.astype(np.float64))) <= 3.0
+
+
+def test_tanh_erf_absolute_error(vmath_lib):
+    x = _samples(-10.0, 10.0)
+    x64 = x.astype(np.float64)
+    assert np.max(np.abs(_run(vmath_lib, "tanh", x) - np.tanh(x64))) <= 2e-7
+    assert np.max(np.abs(_run(vmath_lib, "erf", x) - special.erf(x64))) <= 5e-7
+
+
+def test_sigmoid_relative_error(vmath_lib):
+    x = _samples(-30.0, 30.0)
+    want = 1.0 / (1.0 + np.exp(-x.astype(np.float64)))
+    assert _ulp_error(_run(vmath_lib, "sigmoid", x), want) <= 3.0
+
+
+def test_special_values(vmath_lib):
+    specials = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 1e-30, -1e-30, 100.0, -100.0,
+                         1.0, -1.0, 0.5, 2.0, 88.8, -88.0, 3.0], dtype=np.float32)
+    with np.errstate(all="ignore"):
+        exp = _run(vmath_lib, "exp", specials)
+        np.testing.assert_array_equal(np.isnan(exp), np.isnan(specials))
+        assert exp[1] == np.inf and exp[2] == 0.0 and exp[13] == np.inf
+        log = _run(vmath_lib, "log", np.abs(specials))
+        assert np.isnan(log[0]) and log[1] == np.inf and log[3] == -np.inf
+        assert np.isnan(_run(vmath_lib, "log", np.full(16, -1.0, np.float32))).all()
+        tanh = _run(vmath_lib, "tanh", specials)
+        assert np.isnan(tanh[0]) and tanh[1] == 1.0 and tanh[2] == -1.0
+        erf = _run(vmath_lib, "erf", specials)
+        assert np.isnan(erf[0]) and erf[1] == 1.0 and erf[2] == -1.0
