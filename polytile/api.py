@@ -181,10 +181,12 @@ class TCFunction:
                 continue
             if not isinstance(given, np.ndarray):
                 raise ArgumentError(f"out= for {o.name} must be a NumPy array", o.loc)
+            if not given.flags.writeable:
+                raise ArgumentError(f"out= for {o.name} is read-only", o.loc)
             if given.shape != shape or given.dtype != o.dtype.numpy:
                 raise ArgumentError(f"out= for {o.name} must have shape {shape} and dtype "
                                     f"{o.dtype}, got {given.shape} {given.dtype}", o.loc)
-            outputs[o.name] = given if given.flags.writeable else given.copy()
+            outputs[o.name] = given
         return outputs, user
 
 
@@ -225,6 +227,11 @@ def _scalar(p: P.Tensor, value: Any) -> Any:
                             f"{type(value).__name__}", p.loc)
     if p.dtype.is_integral and not float(value).is_integer():
         raise ArgumentError(f"{p.name} must be an integer, got {value}", p.loc)
+    if p.dtype.kind in "iu":
+        info = np.iinfo(p.dtype.numpy)
+        if not info.min <= int(value) <= info.max:
+            raise ArgumentError(f"{p.name} is {p.dtype}, which cannot hold {value}", p.loc,
+                                f"values must lie in {info.min}..{info.max}")
     return p.dtype.numpy.type(value)
 
 

@@ -77,6 +77,11 @@ class Compiler:
         return CompiledFunction(spec, kernel, library.source_path)
 
 
+def _fits(value: int, dtype: np.dtype) -> bool:
+    info = np.iinfo(dtype)
+    return info.min <= value <= info.max
+
+
 def _signature(spec: Specialized) -> str:
     fn = spec.fn
     parts = [f"{t.dtype}{list(spec.shape(t.name))}" for t in fn.params + fn.outputs]
@@ -117,6 +122,12 @@ class CompiledFunction:
                 copies.append((target, contiguous))
                 target = contiguous
             buffers.append(target)
+        # The kernel's pointers are `restrict`: an input that overlaps an output (the same
+        # array passed as input and as out=) is read from a copy.
+        n_in = len(self.fn.params)
+        for k in range(n_in):
+            if any(np.may_share_memory(buffers[k], o) for o in buffers[n_in:]):
+                buffers[k] = buffers[k].copy()
         self._check(self.kernel(buffers))
         for original, contiguous in copies:
             original[...] = contiguous
@@ -128,6 +139,8 @@ class CompiledFunction:
         for a, dtype, scalar in zip(args, self._dtypes, self._scalar):
             if scalar:
                 if isinstance(a, np.ndarray) or (dtype.kind in "iub" and int(a) != a):
+                    return None
+                if dtype.kind in "iu" and not _fits(int(a), dtype):
                     return None
                 a = np.array(a, dtype=dtype)
             elif type(a) is not np.ndarray or a.dtype != dtype or not a.flags.c_contiguous:

@@ -47,6 +47,7 @@ from dataclasses import dataclass
 
 from polytile import dtypes
 from polytile.codegen import cexpr
+from polytile.codegen.vmath import vector_math
 from polytile.codegen.cloops import IterationSpace, iteration_space
 from polytile.codegen.cscope import (
     Scope,
@@ -132,6 +133,7 @@ class _FunctionWriter:
         self.used_ptrs: set[str] = set()
         self.read = _read_scalars(fn.body)
         self.jumps = 0
+        self.vector_lanes = 0      # set by the vector generator when it emits code
 
     def fresh(self, prefix: str) -> str:
         number = self.counters[prefix]
@@ -180,7 +182,8 @@ class _FunctionWriter:
                 f" * int32_t {symbol}(void **args, int64_t *err): args[p] is the data of\n"
                 f" * parameter p; returns 0, or an error code with err[0..3] = (code, param,\n"
                 f" * dimension, value). */\n")
-        return (head + "\n" + self.needs.prelude() + "\n"
+        vector_prelude = vector_math(self.vector_lanes) if self.vector_lanes else ""
+        return (head + "\n" + self.needs.prelude() + vector_prelude + "\n"
                 + f"int32_t {symbol}(void **args, int64_t *err)\n{{\n"
                 + "\n".join(_indent(lines)) + "\n}\n")
 
@@ -231,6 +234,11 @@ class _FunctionWriter:
     # ------------------------------------------------------------ blocks
 
     def block(self, blk: Block, outer: Scope, root: bool = False) -> list[str]:
+        if "regtile" in blk.tags and not root:
+            from polytile.codegen import vector
+            lines = vector.emit(self, blk, outer)
+            if lines is not None:
+                return lines
         title = f"/* block {safe(blk.name)} */"
         space = iteration_space(blk, outer.idx, lambda: self.fresh("i"), self.needs)
         if isinstance(space, str):

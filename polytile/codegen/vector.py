@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 from polytile import dtypes
 from polytile.analysis.deps import scalar_indices
 from polytile.codegen import cexpr
-from polytile.codegen.cscope import Scope, c_affine, child_view, resolve
+from polytile.codegen.cscope import Scope, c_affine, child_view, resolve, safe
 from polytile.codegen.vmath import VECTOR_MATH_OPS
 from polytile.ir.nodes import Affine, Block, Constant, Intrinsic, Load, Store
 
@@ -114,13 +114,58 @@ def emit(w: "_FunctionWriter", blk: Block, outer: Scope) -> list[str] | None:
             idx[ix.name] = resolve(ix.affine, outer.idx, f"passed index {ix.name!r}")
         elif ix.range == 1:
             idx[ix.name] = Affine.constant(0)
+    if not blk.constraints:
+        return [f"/* block {safe(blk.name)}: vector */"] + _Emitter(w, blk, outer, p, idx).lines()
+    counts = _unroll_counts(blk, p, idx)
+    if counts is not None:
+        return ([f"/* block {safe(blk.name)}: vector code, one version per tile remainder */"]
+                + _versions(w, blk, outer, p, idx, counts, {}))
     full = _full_tile(blk, idx)
     body = _Emitter(w, blk, outer, p, idx).lines()
-    if full is None:
-        return [f"/* block {blk.name}: vector */"] + body
     scalar = w.block(replace(blk, tags=blk.tags - {"regtile"}), outer)
-    return ([f"/* block {blk.name}: vector code for full tiles */", f"if ({full}) {{"]
-            + ["    " + x for x in body] + ["} else {"] + ["    " + x for x in scalar] + ["}"])
+    return ([f"/* block {safe(blk.name)}: vector code for full tiles */", f"if ({full}) {{"]
+            + _ind(body) + ["} else {"] + _ind(scalar) + ["}"])
+
+
+def _unroll_counts(blk: Block, p: _Plan, idx: dict[str, Affine]) -> dict[str, str] | None:
+    """When every constraint is an upper bound on one unrolled index (a boundary
+    register tile), the C expression of how many values of each such index run."""
+    counts: dict[str, str] = {}
+    loops = {i.name for i in blk.idxs if i.affine is None and i.range > 1}
+    for c in blk.constraints:
+        own = [n for n in c.names if n in loops]
+        if len(own) != 1 or own[0] not in p.unroll or c.coeff(own[0]) >= 0:
+            return None
+        x = own[0]
+        a = -c.coeff(x)
+        rest = Affine.constant(c.const)
+        for name, coeff in c.terms:
+            if name != x:
+                rest = rest + idx[name].scale(coeff)
+        r = c_affine(rest)
+        bound = f"(({r}) >= 0 ? ({r}) / {a} + 1 : 0)"
+        counts[x] = f"pt_imin({counts[x]}, {bound})" if x in counts else bound
+    return counts
+
+
+def _versions(w: "_FunctionWriter", blk: Block, outer: Scope, p: _Plan, idx: dict[str, Affine],
+              counts: dict[str, str], fixed: dict[str, int]) -> list[str]:
+    """Nested switches over the remainders; each case is the vector code for that size."""
+    pending = [u for u in counts if u not in fixed]
+    if not pending:
+        sub = replace(p, unroll={u: fixed.get(u, r) for u, r in p.unroll.items()})
+        return _Emitter(w, blk, outer, sub, idx).lines()
+    u = pending[0]
+    var = w.fresh("n")
+    lines = [f"const int64_t {var} = {counts[u]};", f"switch ({var} < {p.unroll[u]} ? {var} : "
+             f"{p.unroll[u]}) {{"]
+    for value in range(p.unroll[u], 0, -1):
+        lines.append(f"case {value}: {{")
+        lines += _ind(_versions(w, blk, outer, p, idx, counts, {**fixed, u: value}))
+        lines.append("    break;")
+        lines.append("}")
+    lines += ["default: break;", "}"]
+    return ["{"] + _ind(lines) + ["}"]
 
 
 def _full_tile(blk: Block, idx: dict[str, Affine]) -> str | None:

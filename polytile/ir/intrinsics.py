@@ -34,21 +34,28 @@ class OpInfo:
 
 
 def _c_div(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    if np.issubdtype(np.result_type(a, b), np.integer):
-        a, b = np.asarray(a), np.asarray(b)
-        safe = np.where(b == 0, 1, b)
-        q = np.abs(a) // np.abs(safe)
-        return np.where(b == 0, 0, np.where((a < 0) != (safe < 0), -q, q)).astype(
-            np.result_type(a, b))
+    dtype = np.result_type(a, b)
+    if np.issubdtype(dtype, np.integer):
+        a, b = np.asarray(a).astype(dtype), np.asarray(b).astype(dtype)
+        safe = np.where(b == 0, 1, b).astype(dtype)
+        with np.errstate(all="ignore"):
+            q = a // safe                      # floor; exact, no abs() of INT_MIN
+            r = a - q * safe
+            # C truncates toward zero: step back up when the floor went below
+            q = q + ((r != 0) & ((a < 0) != (safe < 0))).astype(dtype)
+        return np.where(b == 0, 0, q).astype(dtype)
     with np.errstate(divide="ignore", invalid="ignore"):
         return np.true_divide(a, b)
 
 
 def _c_mod(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    if np.issubdtype(np.result_type(a, b), np.integer):
-        a, b = np.asarray(a), np.asarray(b)
-        safe = np.where(b == 0, 1, b)
-        return np.where(b == 0, 0, np.fmod(a, safe)).astype(np.result_type(a, b))
+    dtype = np.result_type(a, b)
+    if np.issubdtype(dtype, np.integer):
+        a, b = np.asarray(a).astype(dtype), np.asarray(b).astype(dtype)
+        safe = np.where(b == 0, 1, b).astype(dtype)
+        with np.errstate(all="ignore"):
+            r = a - _c_div(a, safe) * safe
+        return np.where(b == 0, 0, r).astype(dtype)
     with np.errstate(invalid="ignore"):
         return np.fmod(a, b)
 

@@ -150,8 +150,16 @@ def _cache_tiles(block: N.Block, loops: dict[str, int], parallel: list[str],
         values.append(loops[n])
         return values
 
-    tiled = list(parallel) + ([max(reductions, key=lambda n: loops[n])] if reductions else [])
     tile = {n: loops[n] for n in loops}
+    tiled = list(parallel)
+    if reductions:
+        # The micro-kernel streams its inputs over the reduction: keep that stream in L1.
+        k = max((n for n in reductions if n != vector), key=lambda n: loops[n], default=None)
+        if k is not None:
+            per_step = _bytes_per_reduction_step(block, k, unroll, vector, vector_tile)
+            kc = 1 << max(4, int(math.log2(max(1, target.cache_size("L1") // 2 // per_step))))
+            if kc < loops[k]:
+                tile[k] = kc
 
     def cost(t: dict[str, int]) -> float:
         size, lines = _footprint(block, t, line)
@@ -177,6 +185,21 @@ def _cache_tiles(block: N.Block, loops: dict[str, int], parallel: list[str],
         if not improved:
             break
     return {n: v for n, v in tile.items() if v < loops[n]}
+
+
+def _bytes_per_reduction_step(block: N.Block, k: str, unroll: dict[str, int],
+                              vector: str | None, vector_tile: int) -> int:
+    """Bytes of input one step of reduction index k reads in one register tile."""
+    extents = dict(unroll)
+    if vector is not None:
+        extents[vector] = vector_tile
+    total = 0
+    for ref in block.refs:
+        if ref.dir != "in" or not any(a.coeff(k) for a in ref.access):
+            continue
+        names = {n for a in ref.access for n in a.names}
+        total += math.prod(extents.get(n, 1) for n in names) * max(1, ref.shape.dtype.bits // 8)
+    return max(total, 1)
 
 
 def _cores() -> int:

@@ -58,6 +58,7 @@ def apply_schedule(block: N.Block, schedule: Schedule, parent: N.Block) -> N.Blo
         holder = result if inner_path else parent
         tiled_inner = tile(inner, register, _sizes(holder), suffix="_r",
                            outer_tags=frozenset({"regtiles"}))
+        tiled_inner = _vector_tiles_first(tiled_inner, schedule.vector)
         leaf = tiled_inner.stmts[0]
         assert isinstance(leaf, N.Block)
         tiled_inner = replace(tiled_inner, stmts=(replace(leaf, tags=leaf.tags | leaf_tags),))
@@ -67,6 +68,16 @@ def apply_schedule(block: N.Block, schedule: Schedule, parent: N.Block) -> N.Blo
     if schedule.parallel and cache and any(_is_parallel(block, k) for k in cache):
         result = replace(result, tags=result.tags | {"parallel"})
     return result
+
+
+def _vector_tiles_first(block: N.Block, vector: str | None) -> N.Block:
+    """Iterate register tiles with the vector index outermost: consecutive micro-kernels
+    then share the vector operand's panel, which stays in L1."""
+    if vector is None:
+        return block
+    name = vector + "_r"
+    first = [i for i in block.idxs if i.name == name]
+    return replace(block, idxs=tuple(first + [i for i in block.idxs if i.name != name]))
 
 
 def _sizes(block: N.Block) -> dict[str, tuple[int, ...]]:

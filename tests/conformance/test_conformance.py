@@ -12,7 +12,7 @@ import polytile as pt
 
 from .programs import CASES, EXACT, Case
 
-BACKENDS = ["interp"]
+BACKENDS = ["interp", "c"]
 SEEDS = [0, 1, 2]
 
 _MODULES: dict[tuple[str, str], pt.Module] = {}

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 import polytile as pt
 
-from .test_conformance import BACKENDS, assert_agrees
+from .test_conformance import BACKENDS
 
 LETTERS = "ijklm"
 
@@ -34,7 +34,7 @@ def tc_source(inputs: list[str], output: str, dtype: str) -> str:
     return f"def contract({args}) -> (O) {{\n  O({', '.join(output)}) +=! {factors}\n}}\n"
 
 
-@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(contractions(), st.integers(0, 2**32 - 1))
 def test_random_contraction_matches_einsum(spec, seed):
     inputs, output, sizes, dtype = spec
@@ -45,6 +45,13 @@ def test_random_contraction_matches_einsum(spec, seed):
               for sub in inputs]
     want = np.einsum(",".join(inputs) + "->" + output,
                      *[a.astype(np.float64) for a in arrays]).astype(np_dtype)
+    # Floating-point sums carry an error proportional to the sum of |terms|, not to the
+    # (possibly cancelled) result: measure against that.
+    magnitude = np.einsum(",".join(inputs) + "->" + output,
+                          *[np.abs(a.astype(np.float64)) for a in arrays])
+    tolerance = 1e-5 if dtype == "float" else 1e-12
     for backend in BACKENDS:
         got = pt.define(source, backend=backend).contract(*arrays)
-        assert_agrees(got, want, 1e-5 if dtype == "float" else 1e-12, source)
+        assert got.dtype == want.dtype and got.shape == want.shape, source
+        error = np.linalg.norm(np.asarray(got, np.float64) - np.asarray(want, np.float64))
+        assert error <= tolerance * max(np.linalg.norm(magnitude), 1e-30), source

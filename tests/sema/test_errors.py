@@ -409,10 +409,8 @@ def test_process_keeps_working_after_many_errors(mm):
     np.testing.assert_array_equal(gather.gather(x, idx), x[idx])
 
 
-# ------------------------------------------------------------------ known API bugs (api.py)
+# ------------------------------------------------------------------ bad scalars and outputs
 
-@pytest.mark.xfail(strict=True, raises=ValueError,
-                   reason="api.py writes results into a read-only out= array (ValueError)")
 def test_read_only_out_is_an_argument_error(mm):
     c = np.zeros((2, 2), np.float32)
     c.flags.writeable = False
@@ -420,8 +418,6 @@ def test_read_only_out_is_an_argument_error(mm):
         mm.mm(np.ones((2, 3), np.float32), np.ones((3, 2), np.float32), out=c)
 
 
-@pytest.mark.xfail(strict=True, raises=OverflowError,
-                   reason="api.py converts integer scalars with np.int32(value): OverflowError")
 @pytest.mark.parametrize("value", [2**40, -1])
 def test_integer_scalar_out_of_range_is_an_argument_error(value):
     mod = pt.define("def f(uint8 s, float(N) X) -> (Y) {\n  Y(i) = X(i) * s\n}\n",
@@ -430,9 +426,17 @@ def test_integer_scalar_out_of_range_is_an_argument_error(value):
         mod.f(value, np.ones(2, np.float32))
 
 
-@pytest.mark.xfail(strict=True, reason="api.py wraps np.int64(2**40) silently into an int32")
 def test_numpy_integer_scalar_out_of_range_is_an_argument_error():
     mod = pt.define("def f(int s, float(N) X) -> (Y) {\n  Y(i) = X(i) * s\n}\n",
                     backend="interp")
     with pytest.raises(pt.ArgumentError):
         mod.f(np.int64(2**40), np.ones(2, np.float32))
+
+
+def test_input_passed_again_as_out_is_read_before_it_is_overwritten():
+    mod = pt.define("def scale(float(N) X, float(N) Y) -> (Z) {\n"
+                    "  Z(i) = X(N - 1 - i) + Y(i)\n}\n")
+    x = np.arange(5, dtype=np.float32)
+    z = x.copy()
+    result = mod.scale(z, x, out=z)
+    np.testing.assert_array_equal(result, x[::-1] + x)
