@@ -127,7 +127,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def _add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     # Declared here, not in polytile.bench, so that parsing imports nothing of the bench.
     parser.add_argument("--quick", action="store_true",
-                        help="small sizes and short blocks: a smoke run")
+                        help="small sizes and short blocks: a smoke run of about a minute")
     parser.add_argument("--only", type=_names, default=None, metavar="NAME[,NAME]",
                         help="only these workloads (a family like tmm, or a full name like "
                              "'tmm 128x32x256'); with --latency, these examples")

@@ -43,10 +43,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"  {key}: {value}")
     busy = _busy_warning()
     if busy:
-        print(busy, file=sys.stderr)
+        print(f"polytile bench: warning: {busy}", file=sys.stderr)
     if args.latency:
         return _latency(args, facts, command, date)
-    return _throughput(args, facts, command, date)
+    return _throughput(args, facts, command, date, busy)
 
 
 def command_text(args: argparse.Namespace) -> str:
@@ -54,7 +54,7 @@ def command_text(args: argparse.Namespace) -> str:
 
 
 def _throughput(args: argparse.Namespace, facts: dict[str, str], command: str,
-                date: str) -> int:
+                date: str, busy: str) -> int:
     from polytile.bench.harness import run_workload
     from polytile.bench.peak import measure_peak
     from polytile.bench.report import (
@@ -103,6 +103,8 @@ def _throughput(args: argparse.Namespace, facts: dict[str, str], command: str,
                  ] if args.blas_env_removed else []
         if args.backend != "c":
             notes.append(f"polytile backend: {args.backend}")
+        if busy:
+            notes.append(f"warning: {busy}")
         write_section(RESULTS_PATH, _section("throughput", args),
                       throughput_markdown(rows, peak, peak_error, facts, command, date, title,
                                           notes))
@@ -139,7 +141,9 @@ def _latency(args: argparse.Namespace, facts: dict[str, str], command: str, date
           else f"dispatch overhead: FAILED: {dispatch.error}")
     if not args.no_write:
         write_section(RESULTS_PATH, _section("latency", args),
-                      latency_markdown(rows, dispatch, facts, command, date))
+                      latency_markdown(rows, dispatch, facts, command, date,
+                                       "Latency" + (" (quick: one process per example)"
+                                                    if args.quick and not args.repeats else "")))
         print(f"\nwrote {RESULTS_PATH}")
     return 0
 
@@ -152,8 +156,9 @@ def _busy_warning() -> str:
         return ""
     if load < 0.5:
         return ""
-    return (f"polytile bench: warning: load average {load:.2f} before starting; other "
-            "processes share the cores, so times (most of all multithreaded ones) are inflated")
+    return (f"load average {load:.2f} before starting: other processes share the cores, so "
+            "times are inflated, most of all those of multithreaded code (an OpenMP region "
+            "waits for the thread that lost its core)")
 
 
 def _section(kind: str, args: argparse.Namespace) -> str:

@@ -247,8 +247,9 @@ def dispatch_table(result: DispatchResult) -> tuple[tuple[str, ...], list[tuple[
 
 
 def latency_markdown(rows: Sequence[LatencyRow], dispatch: DispatchResult,
-                     facts: dict[str, str], command: str, date: str) -> str:
-    out = ["## Latency", "", f"- date: {date}", f"- command: `{command}`", "",
+                     facts: dict[str, str], command: str, date: str,
+                     title: str = "Latency") -> str:
+    out = [f"## {title}", "", f"- date: {date}", f"- command: `{command}`", "",
            "### Machine", ""] + [f"- {k}: {v}" for k, v in facts.items()]
     out += ["", "### First call and cached call", "", format_markdown(*latency_table(rows)), "",
             ("Each example runs in a new process with a new, empty POLYTILE_CACHE_DIR (`define "
