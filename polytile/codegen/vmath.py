@@ -23,6 +23,10 @@ VECTOR_MATH_OPS = frozenset({"exp", "log", "tanh", "erf", "sigmoid"})
 def vector_math(lanes: int) -> str:
     """C definitions of the vector types and math for `lanes` float32 lanes."""
     nbytes = 4 * lanes
+    splat = ", ".join(["x"] * lanes)
+    fold = " ".join(_halve("v", lanes, width, "v = v op h;") for width in _halvings(lanes))
+    fold_max = " ".join(_halve("v", lanes, w, "v = pt_vmax_nan(v, h);") for w in _halvings(lanes))
+    fold_min = " ".join(_halve("v", lanes, w, "v = pt_vmin_nan(v, h);") for w in _halvings(lanes))
     return f"""
 #if defined(__AVX512F__) || defined(__AVX__)
 #include <immintrin.h>
@@ -34,7 +38,7 @@ static inline pt_vf pt_vsel(pt_vi m, pt_vf a, pt_vf b) {{
   return (pt_vf)(((pt_vi)a & m) | ((pt_vi)b & ~m));
 }}
 static inline int64_t pt_imin(int64_t a, int64_t b) {{ return a < b ? a : b; }}
-static inline pt_vf pt_vsplat(float x) {{ return (pt_vf){{0}} + x; }}
+static inline pt_vf pt_vsplat(float x) {{ return (pt_vf){{{splat}}}; }}
 static inline pt_vi pt_viota(void) {{
   pt_vi v;
   for (int l = 0; l < {lanes}; l++) v[l] = l;
@@ -57,25 +61,15 @@ static inline void pt_vstore_n(float *p, pt_vf v, int64_t n) {{
 }}
 static inline pt_vf pt_vload(const float *p) {{ return *(const pt_vf_u *)p; }}
 static inline void pt_vstore(float *p, pt_vf v) {{ *(pt_vf_u *)p = v; }}
+/* Horizontal reductions by halving: log2(lanes) shuffles instead of a serial chain. */
+#define PT_FOLD(v, op) do {{ {fold} }} while (0)
 static inline float pt_vhsum(pt_vf v) {{
-  float s = 0.0f;
-  for (int l = 0; l < {lanes}; l++) s += v[l];
-  return s;
+  PT_FOLD(v, +);
+  return v[0];
 }}
 static inline float pt_vhprod(pt_vf v) {{
-  float s = 1.0f;
-  for (int l = 0; l < {lanes}; l++) s *= v[l];
-  return s;
-}}
-static inline float pt_vhmax(pt_vf v) {{
-  float s = v[0];
-  for (int l = 1; l < {lanes}; l++) if (s == s && (v[l] != v[l] || v[l] > s)) s = v[l];
-  return s;
-}}
-static inline float pt_vhmin(pt_vf v) {{
-  float s = v[0];
-  for (int l = 1; l < {lanes}; l++) if (s == s && (v[l] != v[l] || v[l] < s)) s = v[l];
-  return s;
+  PT_FOLD(v, *);
+  return v[0];
 }}
 static inline pt_vf pt_vmax_nan(pt_vf a, pt_vf b) {{   /* NaN-propagating, like NumPy's max */
   pt_vi keep_a = (a > b) | (a != a);
@@ -84,6 +78,14 @@ static inline pt_vf pt_vmax_nan(pt_vf a, pt_vf b) {{   /* NaN-propagating, like 
 static inline pt_vf pt_vmin_nan(pt_vf a, pt_vf b) {{
   pt_vi keep_a = (a < b) | (a != a);
   return pt_vsel(keep_a, a, b);
+}}
+static inline float pt_vhmax(pt_vf v) {{
+  {fold_max}
+  return v[0];
+}}
+static inline float pt_vhmin(pt_vf v) {{
+  {fold_min}
+  return v[0];
 }}
 static inline pt_vf pt_vfmax(pt_vf a, pt_vf b) {{      /* C fmaxf: a NaN operand loses */
   return pt_vsel((a > b) | (b != b), a, b);
@@ -168,3 +170,17 @@ static inline pt_vf pt_verf(pt_vf x) {{
 }}
 static inline pt_vf pt_vsigmoid(pt_vf x) {{ return 1.0f / (1.0f + pt_vexp(-x)); }}
 """
+
+
+def _halvings(lanes: int) -> list[int]:
+    widths, w = [], lanes // 2
+    while w >= 1:
+        widths.append(w)
+        w //= 2
+    return widths
+
+
+def _halve(v: str, lanes: int, width: int, combine: str) -> str:
+    """Bring lanes [width, 2*width) down onto [0, width) and combine (upper lanes: don't care)."""
+    order = ", ".join(str((k + width) % lanes if k < width else k) for k in range(lanes))
+    return f"{{ pt_vf h = __builtin_shufflevector({v}, {v}, {order}); {combine} }}"
