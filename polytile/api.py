@@ -3,6 +3,7 @@
     mod = polytile.define(src)
     y = mod.fcrelu(x, w, b)              # NumPy in, NumPy out
     y = mod.fcrelu(x, w, b, out=y)       # write into caller-provided buffers
+    y = mod.fcrelu(x, w, b, tune=True)   # autotune for these shapes first (polytile.tune)
 """
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ from polytile.sema.specialize import Specialized, specialize
 from polytile.targets.target import Target, select_target
 
 if TYPE_CHECKING:
-    from polytile.compile import CompiledFunction, Compiler
+    from polytile.compile import CompiledFunction, Compiler, TunedLookup, TuningKey
+    from polytile.tune.tuner import TuneResult
 
 BACKENDS = ("c", "interp")
 
@@ -41,8 +43,17 @@ def define(source: str, backend: str = "c", name: str = "<tc>", target: str | No
     compiled = None
     if backend == "c":
         from polytile.compile import Compiler
-        compiled = Compiler(config, select_target(target or config.target))
+        compiled = Compiler(config, select_target(target or config.target),
+                            tuned=None if config.ignore_tuned else _tuned_lookup(config))
     return Module(source, program, backend, compiled)
+
+
+def _tuned_lookup(config: Config) -> "TunedLookup":
+    """Compiler(tuned=...): the tuning database's best options for a key."""
+    def lookup(key: "TuningKey") -> dict[str, Any] | None:
+        from polytile.tune.database import lookup as find
+        return find(config, key)
+    return lookup
 
 
 @dataclass
@@ -99,8 +110,14 @@ class TCFunction:
     def name(self) -> str:
         return self.fn.name
 
-    def __call__(self, *args: Any, out: Any = None) -> Any:
-        if out is None and self._kernels:
+    def __call__(self, *args: Any, out: Any = None, tune: Any = False) -> Any:
+        """Run on NumPy arrays. `tune=True` (or a budget like "30s", or a dict of
+        settings for polytile.tune) tunes for these shapes first."""
+        if tune is not False and tune is not None:
+            settings = ({} if tune is True else dict(tune) if isinstance(tune, dict)
+                        else {"budget": tune})
+            self.tune(*args, out=out, **settings)
+        elif out is None and self._kernels:
             result = self._fast_call(args)
             if result is not None:
                 return result
@@ -129,6 +146,26 @@ class TCFunction:
             else:
                 results.append(outputs[o.name])
         return results[0] if len(results) == 1 else tuple(results)
+
+    def tune(self, *args: Any, out: Any = None, **settings: Any) -> "TuneResult":
+        """Autotune this function for the shapes of `args` and store the best options;
+        later calls (in any process) with these shapes use them. Settings: see
+        polytile.tune.tuner.TuneSettings.of (budget="60s", strategy="genetic", ...)."""
+        from polytile.tune.tuner import TuneSettings, tune_spec
+        if self.compiler is None:
+            raise ArgumentError("tuning needs the C backend", self.fn.loc,
+                                "define the module with backend='c'")
+        options = TuneSettings.of(**settings)
+        inputs, scalars = self._bind_inputs(args)
+        shapes = {p.name: inputs[p.name].shape for p in self.fn.params if p.kind == "input"}
+        spec = specialize(self.fn, shapes, scalars)
+        outputs, _ = self._bind_outputs(spec, out)
+        sizes = ",".join(f"{k}={v}" for k, v in spec.env)
+        result = tune_spec(self.compiler, spec, inputs, scalars, outputs, options,
+                           label=f"{self.name} {sizes}")
+        # The next call compiles again, which now finds the tuned options.
+        self._kernels.pop(self._key(args), None)
+        return result
 
     def _key(self, args: tuple[Any, ...]) -> tuple:
         """Shapes of the tensors and values of the integer scalars: one compiled kernel each."""
@@ -235,4 +272,13 @@ def _scalar(p: P.Tensor, value: Any) -> Any:
     return p.dtype.numpy.type(value)
 
 
-__all__ = ["define", "Module", "TCFunction", "PolytileError", "dtypes"]
+def tune(fn: TCFunction, *args: Any, out: Any = None, **settings: Any) -> "TuneResult":
+    """polytile.tune(mod.fn, *args, budget="60s"): tune `fn` for these arguments' shapes
+    and keep the best options in the tuning database (see TCFunction.tune)."""
+    if not isinstance(fn, TCFunction):
+        raise ArgumentError(f"polytile.tune takes a function of a defined module (mod.name), "
+                            f"got {type(fn).__name__}")
+    return fn.tune(*args, out=out, **settings)
+
+
+__all__ = ["define", "Module", "TCFunction", "PolytileError", "dtypes", "tune"]

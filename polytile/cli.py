@@ -2,7 +2,10 @@
 
     polytile check FILE.tc [--sizes M=128,K=64]
     polytile show FILE.tc --stage ast|program|ir|c [--sizes ...] [--function NAME]
-    polytile cache info|clear
+    polytile tune FILE.tc --sizes M=1024,K=1024,N=1024 [--budget 2m] [--strategy genetic|random]
+    polytile cache info|clear [--tuning]
+    polytile cache export FILE | import FILE
+    polytile cache inject FILE.tc --sizes ... --options JSON|@FILE [--function NAME]
     polytile bench [--quick] [--only NAME[,NAME]] [--latency] [--no-write] [--repeats N]
 """
 from __future__ import annotations
@@ -106,16 +109,15 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 
 def cmd_cache(args: argparse.Namespace) -> int:
-    from polytile.config import load_config
-    from polytile.runtime.cache import cache_info, clear_cache
+    from polytile.tune.command import run_cache
 
-    config = load_config()
-    if args.action == "info":
-        print(cache_info(config))
-    else:
-        removed = clear_cache(config)
-        print(f"removed {removed} entries from {config.cache_dir}")
-    return 0
+    return run_cache(args)
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    from polytile.tune.command import run_tune
+
+    return run_tune(args)
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -172,8 +174,40 @@ def main(argv: list[str] | None = None) -> int:
     show.add_argument("--function", default=None, help="only this function")
     show.add_argument("--target", default=None, help="e.g. cpu-avx2 (default: the host's best)")
     show.set_defaults(run=cmd_show)
-    cache = sub.add_parser("cache", help="inspect or clear the compilation cache")
-    cache.add_argument("action", choices=("info", "clear"))
+    tune = sub.add_parser("tune", help="autotune a TC function for given sizes and keep the "
+                          "best options (later calls use them)")
+    tune.add_argument("file", help="TC source file, or - for standard input")
+    tune.add_argument("--sizes", type=_sizes, default=None, help="e.g. M=1024,K=1024,N=1024")
+    tune.add_argument("--budget", default="2m", help="wall clock per function: 90s, 2m, 1h "
+                      "(default 2m)")
+    tune.add_argument("--strategy", choices=("genetic", "random"), default="genetic")
+    tune.add_argument("--function", default=None, help="only this function")
+    tune.add_argument("--candidates", type=_positive, default=None, metavar="N",
+                      help="stop after N distinct candidates")
+    tune.add_argument("--population", type=_positive, default=None, metavar="N")
+    tune.add_argument("--generations", type=_positive, default=None, metavar="N")
+    tune.add_argument("--seed", type=int, default=0)
+    tune.add_argument("--target", default=None, help="e.g. cpu-avx2 (default: the host's best)")
+    tune.add_argument("--quiet", action="store_true", help="no progress line")
+    tune.set_defaults(run=cmd_tune)
+    cache = sub.add_parser("cache", help="the compilation cache and the tuning database")
+    actions = cache.add_subparsers(dest="action", required=True)
+    actions.add_parser("info", help="where they are and how big")
+    clear = actions.add_parser("clear", help="delete compiled kernels")
+    clear.add_argument("--tuning", action="store_true",
+                       help="also delete every tuned entry and measurement")
+    export = actions.add_parser("export", help="write the tuning database as JSON")
+    export.add_argument("file", help="output file, or - for standard output")
+    load = actions.add_parser("import", help="merge a JSON export into the tuning database")
+    load.add_argument("file", help="a file written by `polytile cache export`, or -")
+    inject = actions.add_parser("inject", help="store hand-written options for a function "
+                                "and sizes (used until tuning finds faster ones)")
+    inject.add_argument("file", help="TC source file")
+    inject.add_argument("--sizes", type=_sizes, default=None, help="e.g. M=128,K=64")
+    inject.add_argument("--options", required=True,
+                        help="options JSON (as `polytile tune` prints it), or @FILE")
+    inject.add_argument("--function", default=None, help="the function, if the file has more")
+    inject.add_argument("--target", default=None, help="e.g. cpu-avx2 (default: the host's best)")
     cache.set_defaults(run=cmd_cache)
     bench = sub.add_parser("bench", help="benchmark against NumPy and PyTorch; writes "
                            "benchmarks/RESULTS.md")

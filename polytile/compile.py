@@ -5,12 +5,16 @@
       -> lower          Stripe blocks, one per statement
       -> passes         the target's pipeline (polytile.passes)
       -> key            hash of the printed IR + signature + target + flags + compiler
+                        (pass options: the caller's, else the tuned ones for the TuningKey)
       -> codegen        C source (only on a cache miss)
       -> build/load     shared object from the compilation cache
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import hashlib
+import json
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
@@ -20,7 +24,7 @@ from polytile.errors import OutOfBoundsError
 from polytile.ir import nodes as N
 from polytile.ir.lower import lower
 from polytile.ir.printer import format_function
-from polytile.runtime.cache import KernelCache
+from polytile.runtime.cache import KernelCache, LoadedLibrary
 from polytile.runtime.files import sha256_text
 from polytile.runtime.kernel import Kernel
 from polytile.runtime.key import CacheKey
@@ -42,18 +46,65 @@ def kernel_cache(config: Config) -> KernelCache:
     return cache
 
 
+@dataclass(frozen=True)
+class TuningKey:
+    """What a tuning result is valid for (TC §6.1): the compilation-cache key minus the
+    options. Neither flags (the target decides them) nor polytile's own source hash are
+    part of it: tuned options are decisions replayed through the current passes, not
+    binaries, so they outlive a change of the compiler's source."""
+
+    program: str      # sha256 of the lowered IR, before the passes that options steer
+    signature: str    # shapes, dtypes and integer scalars
+    target: str       # Target.identity
+    compiler: str     # Toolchain.identity
+
+    def parts(self) -> dict[str, str]:
+        return asdict(self)
+
+    def digest(self) -> str:
+        return hashlib.sha256(json.dumps(self.parts(), sort_keys=True).encode()).hexdigest()
+
+
+# Tuned pass options for a key (polytile.tune.database.lookup), or None.
+TunedLookup = Callable[[TuningKey], dict[str, Any] | None]
+
+
+@dataclass(frozen=True)
+class Built:
+    """One specialized function through the pipeline and the build cache."""
+
+    fn: N.Function        # the optimized IR
+    key: CacheKey
+    library: LoadedLibrary
+
+
 @dataclass
 class Compiler:
     config: Config
     target: Target
     options: dict[str, Any] = field(default_factory=dict)
+    # Consulted when `options` is empty: the best options the tuner stored for the
+    # function's TuningKey. None: the heuristics only.
+    tuned: TunedLookup | None = None
 
-    def optimize(self, fn: N.Function) -> N.Function:
+    def optimize(self, fn: N.Function, options: dict[str, Any] | None = None) -> N.Function:
         from polytile.passes.pipeline import run_pipeline
-        return run_pipeline(fn, self.target, self.options)
+        return run_pipeline(fn, self.target, self.options if options is None else options)
 
     def ir(self, spec: Specialized) -> N.Function:
-        return self.optimize(lower(canonical(spec)))
+        lowered = lower(canonical(spec))
+        return self.optimize(lowered, self.pass_options(spec, lowered))
+
+    def tuning_key(self, spec: Specialized, lowered: N.Function | None = None) -> TuningKey:
+        lowered = lowered if lowered is not None else lower(canonical(spec))
+        return TuningKey(sha256_text(format_function(lowered)), _signature(spec),
+                         self.target.identity, kernel_cache(self.config).toolchain.identity)
+
+    def pass_options(self, spec: Specialized, lowered: N.Function) -> dict[str, Any]:
+        """The caller's options, else the tuned ones, else none (the heuristics)."""
+        if self.options or self.tuned is None:
+            return self.options
+        return self.tuned(self.tuning_key(spec, lowered)) or {}
 
     def flags(self) -> tuple[str, ...]:
         toolchain = kernel_cache(self.config).toolchain
@@ -63,18 +114,25 @@ class Compiler:
         return flags_for(toolchain, BuildOptions(opt_level=opt, native=False,
                                                  openmp=self.target.openmp, extra=extra))
 
-    def compile(self, spec: Specialized) -> "CompiledFunction":
+    def build(self, spec: Specialized) -> Built:
+        """Optimize, then find or build the shared object (generating C only on a miss)."""
         from polytile.codegen.c import COptions, generate_c
         cache = kernel_cache(self.config)
-        fn = self.ir(spec)
+        lowered = lower(canonical(spec))
+        options = self.pass_options(spec, lowered)
+        fn = self.optimize(lowered, options)
         text = format_function(fn)
         key = CacheKey(program=sha256_text(text), signature=_signature(spec),
-                       target=self.target.identity, options=_options_text(self.options),
+                       target=self.target.identity, options=_options_text(options),
                        flags=self.flags(), compiler=cache.toolchain.identity)
-        options = COptions(symbol=SYMBOL)
-        library = cache.get_or_build(key, lambda: generate_c(fn, options).text)
-        kernel = Kernel(library.so_path, len(fn.params))
-        return CompiledFunction(spec, kernel, library.source_path)
+        c_options = COptions(symbol=SYMBOL)
+        library = cache.get_or_build(key, lambda: generate_c(fn, c_options).text)
+        return Built(fn, key, library)
+
+    def compile(self, spec: Specialized) -> "CompiledFunction":
+        built = self.build(spec)
+        kernel = Kernel(built.library.so_path, len(built.fn.params))
+        return CompiledFunction(spec, kernel, built.library.source_path, built.key)
 
 
 def _fits(value: int, dtype: np.dtype) -> bool:
@@ -85,21 +143,37 @@ def _fits(value: int, dtype: np.dtype) -> bool:
 def _signature(spec: Specialized) -> str:
     fn = spec.fn
     parts = [f"{t.dtype}{list(spec.shape(t.name))}" for t in fn.params + fn.outputs]
-    return " ".join(parts) + " | " + ",".join(f"{k}={v}" for k, v in spec.env)
+    # Positional, without names: renaming a size or a scalar must hit the same entry.
+    # Sizes are in the shapes; integer scalars (which may steer subscripts) by value.
+    env = spec.sizes
+    scalars = [str(env[p.name]) for p in fn.params if p.kind == "scalar" and p.name in env]
+    return " ".join(parts) + " | " + ",".join(scalars)
 
 
 def _options_text(options: dict[str, Any]) -> str:
-    return ";".join(f"{k}={options[k]!r}" for k in sorted(options))
+    return ";".join(f"{k}={_option_text(options[k])}" for k in sorted(options))
+
+
+def _option_text(value: Any) -> str:
+    """Canonical text of one option value: values that have a `text()` (Schedule) use
+    it, mappings are sorted, anything else is its repr."""
+    if hasattr(value, "text"):
+        return str(value.text())
+    if isinstance(value, dict):
+        return "{" + ",".join(f"{k}:{_option_text(value[k])}" for k in sorted(value)) + "}"
+    return repr(value)
 
 
 class CompiledFunction:
     """A native kernel for one shape set; `run` takes bound, checked arguments and
     `run_fast` raw call arguments (returning None when they need the checked path)."""
 
-    def __init__(self, spec: Specialized, kernel: Kernel, source_path: Any):
+    def __init__(self, spec: Specialized, kernel: Kernel, source_path: Any,
+                 key: CacheKey | None = None):
         self.fn = spec.fn
         self.kernel = kernel
         self.source_path = source_path
+        self.key = key
         params = spec.fn.params
         self._dtypes = tuple(p.dtype.numpy for p in params)
         self._scalar = tuple(p.kind == "scalar" for p in params)

@@ -15,6 +15,7 @@ changes nothing:
 | POLYTILE_TARGET           | target             | None: the best target the host supports  |
 | POLYTILE_NO_DISK_CACHE    | disable_disk_cache | off                                      |
 | POLYTILE_KEEP_BUILD_DIRS  | keep_build_dirs    | off                                      |
+| POLYTILE_IGNORE_TUNED     | ignore_tuned       | off: calls use the tuning database's best |
 """
 from __future__ import annotations
 
@@ -43,6 +44,9 @@ class Config:
     # Keep build directories of failed builds (and of builds when the disk cache is
     # off) so the generated C and the exact compiler command can be inspected.
     keep_build_dirs: bool = False
+    # Compile with the heuristics even where the tuning database has better options
+    # (to measure what tuning gained, or to rule it out when debugging).
+    ignore_tuned: bool = False
 
 
 def load_config(environ: Mapping[str, str] | None = None) -> Config:
@@ -56,6 +60,7 @@ def load_config(environ: Mapping[str, str] | None = None) -> Config:
         target=env.get("POLYTILE_TARGET") or None,
         disable_disk_cache=_flag(env, "POLYTILE_NO_DISK_CACHE"),
         keep_build_dirs=_flag(env, "POLYTILE_KEEP_BUILD_DIRS"),
+        ignore_tuned=_flag(env, "POLYTILE_IGNORE_TUNED"),
     )
 
 

@@ -75,14 +75,19 @@ def plan(blk: Block) -> _Plan | None:
     if len(stores) != 1 or any(not isinstance(s, (Load, Store, Constant, Intrinsic))
                                for s in blk.stmts):
         return None
-    if any(isinstance(s, Load) and s.dynamic for s in blk.stmts):
-        return None
-    if any(isinstance(s, Intrinsic) and (s.op not in SUPPORTED_OPS or s.dtype != dtypes.FLOAT32)
-           for s in blk.stmts):
-        return None
-    if any(isinstance(s, Constant) and s.dtype != dtypes.FLOAT32 for s in blk.stmts):
-        return None
-    if any(r.shape.dtype != dtypes.FLOAT32 for r in blk.refs):
+    deps = scalar_indices(blk)
+    # Statements that vary along the vector index run on vectors: float32 only, with
+    # ops that have a vector form. The rest (e.g. gather subscripts) stay scalar.
+    for st in blk.stmts:
+        if isinstance(st, Load):
+            if any(d is not None and vector in deps[d] for d in st.dynamic):
+                return None
+            if vector in deps[st.into] and blk.ref(st.ref).shape.dtype != dtypes.FLOAT32:
+                return None
+        elif isinstance(st, Intrinsic) and vector in deps[st.into]:
+            if st.op not in SUPPORTED_OPS or st.dtype != dtypes.FLOAT32:
+                return None
+    if blk.ref(stores[0].ref).shape.dtype != dtypes.FLOAT32:
         return None
     out = blk.ref(stores[0].ref)
     if out.agg not in ("assign", "add", "mul", "max", "min"):
@@ -191,6 +196,7 @@ class _Emitter:
         self.deps = scalar_indices(blk)
         self.store = next(s for s in blk.stmts if isinstance(s, Store))
         self.out = blk.ref(self.store.ref)
+        self.dtypes: dict[str, dtypes.DType] = {}     # scalar (non-vector) values' types
 
     # ------------------------------------------------------------ structure
     def lines(self) -> list[str]:
@@ -300,8 +306,9 @@ class _Emitter:
             return memo[key]
         if isinstance(stmt, Constant):
             result = (cexpr.literal(stmt.value, stmt.dtype), False)
+            self.dtypes[name] = stmt.dtype
         elif isinstance(stmt, Load):
-            result = self.load(stmt, at, n, out)
+            result = self.load(stmt, at, n, out, combo, memo)
         else:
             assert isinstance(stmt, Intrinsic)
             args = [self.value(a, at, combo, base, n, memo, out) for a in stmt.inputs]
@@ -313,17 +320,33 @@ class _Emitter:
     def defs(self) -> dict[str, object]:
         return {s.into: s for s in self.blk.stmts if isinstance(s, (Load, Constant, Intrinsic))}
 
-    def load(self, st: Load, at: dict[str, Affine], n: int, out: list[str]) -> tuple[str, bool]:
+    def load(self, st: Load, at: dict[str, Affine], n: int, out: list[str],
+             combo: dict[str, int], memo: dict) -> tuple[str, bool]:
         ref = self.blk.ref(st.ref)
         view = child_view(ref, self.outer.views[ref.from_], at)
-        element = self.w.element(view, view.offset)
+        address = view.offset
+        for d, name in enumerate(st.dynamic):
+            if name is None:
+                continue
+            # A data-dependent subscript (a gather): checked before the access.
+            value, _ = self.value(name, at, combo, 0, n, memo, out)
+            var = self.w.fresh("d")
+            out.append(f"const int64_t {var} = (int64_t)({value});")
+            out.append(f"if ({var} < 0 || {var} >= {view.dims[d].size}) {{")
+            out += _ind(self.w.fail(self.outer.fail, "PT_ERR_INDEX", view.param, d, var))
+            out.append("}")
+            address = address + Affine.index(var).scale(view.dims[d].stride)
+        element = self.w.element(view, address)
         if self.p.vector in self.deps[st.into]:
             var = self.w.fresh("v")
             load = f"pt_vload(&{element})" if n == self.p.lanes else f"pt_vload_n(&{element}, {n})"
             out.append(f"const pt_vf {var} = {load};")
             return var, True
         var = self.w.fresh("s")
-        out.append(f"const float {var} = {element};")
+        dt = view.dtype
+        self.dtypes[st.into] = dt
+        out.append(f"const {cexpr.scalar_type(dt)} {var} = "
+                   f"{cexpr.load(element, dt, self.w.needs)};")
         return var, False
 
     def intrinsic(self, st: Intrinsic, args: list[tuple[str, bool]],
@@ -331,13 +354,15 @@ class _Emitter:
         vec = any(v for _, v in args)
         xs = [a if v or not vec else f"pt_vsplat({a})" for a, v in args]
         op = st.op
-        if op in ("ident", "cast"):
+        if op in ("ident", "cast") and vec:     # float32 -> float32 on vectors
             return args[0]
         if not vec:
-            expr = cexpr.intrinsic(op, [(a, dtypes.FLOAT32) for a, _ in args], st.dtype,
-                                   self.w.needs)
+            typed = [(a, self.dtypes.get(n, dtypes.FLOAT32)) for (a, _), n in
+                     zip(args, st.inputs)]
+            expr = cexpr.intrinsic(op, typed, st.dtype, self.w.needs)
             var = self.w.fresh("s")
-            out.append(f"const float {var} = {expr};")
+            self.dtypes[st.into] = st.dtype
+            out.append(f"const {cexpr.scalar_type(st.dtype)} {var} = {expr};")
             return var, False
         if op in _INFIX:
             expr = f"{xs[0]} {_INFIX[op]} {xs[1]}"

@@ -60,7 +60,9 @@ def tokenize(source: Source) -> list[Token]:
             tokens.append(Token("eof", "", end))
             return tokens
         ch = text[pos]
-        if ch.isalnum() or ch == "_" or (ch == "." and _dot_starts_number(text, pos, tokens)):
+        # ASCII only: str.isalnum() is also true for letters like 'é', which no name matches.
+        if (ch.isascii() and ch.isalnum()) or ch == "_" or (
+                ch == "." and _dot_starts_number(text, pos, tokens)):
             tokens.append(_word(text, pos, loc_at))
             pos += len(tokens[-1].text)
             continue
@@ -77,7 +79,7 @@ def tokenize(source: Source) -> list[Token]:
 def _dot_starts_number(text: str, pos: int, tokens: list[Token]) -> bool:
     """`.5` is a number, but in `A.0` the dot selects a dimension."""
     after_name = bool(tokens) and (tokens[-1].kind == "name" or tokens[-1].text == ")")
-    return not after_name and pos + 1 < len(text) and text[pos + 1].isdigit()
+    return not after_name and pos + 1 < len(text) and text[pos + 1] in "0123456789"
 
 
 def _word(text: str, pos: int, loc_at) -> Token:  # type: ignore[no-untyped-def]

@@ -96,8 +96,12 @@ def choose_schedule(block: N.Block, target: Target) -> Schedule:
     reductions = [n for n in loops if n not in parallel]
     lanes = target.vector_bytes // max(1, dtype.bits // 8)
     vector = None
-    if dtype.name in VECTOR_DTYPES and all(r.shape.dtype == dtype for r in block.refs):
-        candidates = vector_candidates(block)
+    if dtype.name in VECTOR_DTYPES:
+        # Views along the vector index must hold the output's type; others (gather
+        # subscripts) are read as scalars.
+        candidates = [n for n in vector_candidates(block)
+                      if all(r.shape.dtype == dtype for r in block.refs
+                             if any(a.coeff(n) for a in r.access))]
         ranked = ([n for n in candidates if n in parallel and loops[n] >= lanes]
                   + [n for n in candidates if n in reductions and loops[n] >= lanes]
                   + [n for n in candidates if n in parallel])

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import ctypes
+import shutil
+from pathlib import Path
 
 from polytile.runtime.cache import KernelCache, LoadedLibrary
 from polytile.runtime.key import CacheKey
@@ -29,3 +31,17 @@ def call_add(lib: LoadedLibrary, a: int, b: int) -> int:
 
 def get_add(cache: KernelCache, program: str = "add") -> LoadedLibrary:
     return cache.get_or_build(make_key(cache.toolchain, program), lambda: ADD_SOURCE)
+
+
+def logging_compiler(directory: Path) -> tuple[Path, Path] | None:
+    """A POLYTILE_CC wrapper script in `directory` that appends its arguments to a log,
+    then runs the real cc; (wrapper, log), or None when there is no C compiler."""
+    real = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    if real is None:
+        return None
+    log = directory / "cc.log"
+    log.touch()
+    wrapper = directory / "logging-cc"
+    wrapper.write_text(f'#!/bin/sh\necho "$*" >> "{log}"\nexec "{real}" "$@"\n')
+    wrapper.chmod(0o755)
+    return wrapper, log

@@ -68,15 +68,25 @@ def test_clear_memory_falls_back_to_disk(config: Config) -> None:
     assert compiler_invocations() == before
 
 
+def replace_file(path: Path, data: bytes) -> None:
+    """Give `path` new content in a new inode. This process has the old file mapped
+    (dlopen); truncating or rewriting that inode in place would make the mapping fault
+    with SIGBUS/SIGSEGV when the library's pages are next touched, at the latest when
+    the process exits and runs its destructors."""
+    tmp = path.with_name(path.name + ".corrupt")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
 def corrupt_truncate(entry: Path, so: Path) -> None:
-    with open(so, "r+b") as f:
-        f.truncate(os.path.getsize(so) // 2)
+    data = so.read_bytes()
+    replace_file(so, data[:len(data) // 2])
 
 
 def corrupt_flip_byte(entry: Path, so: Path) -> None:
     data = bytearray(so.read_bytes())
     data[len(data) // 2] ^= 0xFF
-    so.write_bytes(bytes(data))
+    replace_file(so, bytes(data))
 
 
 def corrupt_remove_so(entry: Path, so: Path) -> None:

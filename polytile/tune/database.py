@@ -1,0 +1,403 @@
+"""The tuning database (TC §6.1-6.2): every measured candidate and the best options per key.
+
+    db = TuningDatabase.of(config)                  # <cache_dir>/tuning.sqlite3
+    db.record(measurements, default_median=0.11)    # one transaction; updates `best`
+    db.best(key)                                    # BestEntry or None
+    db.inject(key, options)                         # a hand-written entry wins until beaten
+    data = db.export(); db.clear(); db.import_(data)
+
+SQLite (stdlib) in WAL mode: readers never block the writer, and every write is one
+`BEGIN IMMEDIATE` transaction, so concurrent tuners serialize their writes (waiting
+up to a minute) and a crash leaves the last committed state. A row of `best` is
+replaced only by a faster measurement (conditional upsert inside the same
+transaction as the insert), so two tuners racing on one key keep the faster result.
+
+Schema (version 1):
+
+    meta(name PRIMARY KEY, value)                   -- schema version
+    keys(key PRIMARY KEY, program, signature, target, compiler, function)
+    measurements(id, key, options, options_json, status, median, spread, detail,
+                 host, created, run)                -- one row per measured candidate
+    best(key PRIMARY KEY, options, options_json, median, default_median, source,
+         host, updated)                             -- the options later calls use
+
+`key` is TuningKey.digest(): the compilation-cache key minus the options. `median`
+and `spread` (p90 - p10) are seconds per call; a rejected candidate has status
+compile-error, compile-timeout, crash, timeout, wrong or error and no median.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import platform
+import sqlite3
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from polytile.compile import TuningKey
+from polytile.config import Config
+from polytile.errors import ArgumentError, PolytileError
+from polytile.runtime.files import ensure_private_dir
+from polytile.tune.options import Options
+
+log = logging.getLogger(__name__)
+
+DB_NAME = "tuning.sqlite3"
+SCHEMA_VERSION = 1
+EXPORT_FORMAT = "polytile-tuning"
+EXPORT_VERSION = 1
+BUSY_TIMEOUT_SECONDS = 60.0
+STATUSES = ("ok", "compile-error", "compile-timeout", "crash", "timeout", "wrong", "error")
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS keys (
+    key TEXT PRIMARY KEY, program TEXT NOT NULL, signature TEXT NOT NULL,
+    target TEXT NOT NULL, compiler TEXT NOT NULL, function TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS measurements (
+    id INTEGER PRIMARY KEY, key TEXT NOT NULL REFERENCES keys(key),
+    options TEXT NOT NULL, options_json TEXT NOT NULL, status TEXT NOT NULL,
+    median REAL, spread REAL, detail TEXT NOT NULL, host TEXT NOT NULL,
+    created TEXT NOT NULL, run TEXT NOT NULL,
+    UNIQUE (key, options, host, created, run));
+CREATE INDEX IF NOT EXISTS measurements_by_key ON measurements (key, median);
+CREATE TABLE IF NOT EXISTS best (
+    key TEXT PRIMARY KEY REFERENCES keys(key), options TEXT NOT NULL,
+    options_json TEXT NOT NULL, median REAL, default_median REAL, source TEXT NOT NULL,
+    host TEXT NOT NULL, updated TEXT NOT NULL);
+"""
+
+# The best entry changes only for a faster measurement, or for any measurement when
+# the entry has no median (an injected entry, kept until something is measured).
+_UPSERT_BEST = """
+INSERT INTO best (key, options, options_json, median, default_median, source, host, updated)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?)
+ON CONFLICT(key) DO UPDATE SET options = excluded.options,
+    options_json = excluded.options_json, median = excluded.median,
+    default_median = COALESCE(excluded.default_median, best.default_median),
+    source = excluded.source, host = excluded.host, updated = excluded.updated
+WHERE best.median IS NULL OR excluded.median < best.median
+"""
+_REPLACE_BEST = _UPSERT_BEST.split("WHERE")[0]
+
+
+@dataclass(frozen=True)
+class Measurement:
+    options: Options
+    status: str                  # one of STATUSES
+    median: float | None = None  # seconds per call
+    spread: float | None = None  # p90 - p10, seconds
+    detail: str = ""             # why it was rejected
+
+
+@dataclass(frozen=True)
+class BestEntry:
+    key: TuningKey
+    function: str
+    options: Options
+    median: float | None
+    default_median: float | None
+    source: str                  # tuned, injected or imported
+    host: str
+    updated: str
+
+
+def host_name() -> str:
+    return f"{platform.node()} {platform.machine()}"
+
+
+def now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="microseconds")
+
+
+class TuningDatabase:
+    """A path and the operations on the database there; every call opens its own
+    connection (cheap), so a value of this class may cross fork() and threads."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+
+    @staticmethod
+    def of(config: Config) -> "TuningDatabase":
+        return TuningDatabase(config.cache_dir / DB_NAME)
+
+    # ------------------------------------------------------------ connections
+    @contextmanager
+    def _connect(self, write: bool) -> Iterator[sqlite3.Connection]:
+        ensure_private_dir(self.path.parent)
+        conn = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_SECONDS, isolation_level=None)
+        try:
+            conn.execute("PRAGMA foreign_keys = ON")
+            if write:
+                _ensure_schema(conn)
+                conn.execute("BEGIN IMMEDIATE")
+                try:
+                    yield conn
+                    conn.execute("COMMIT")
+                except BaseException:
+                    conn.execute("ROLLBACK")
+                    raise
+            else:
+                _ensure_schema(conn)
+                yield conn
+        except sqlite3.DatabaseError as e:
+            raise PolytileError(f"tuning database {self.path}: {e}",
+                                hint="if it is damaged, move it away; `polytile cache "
+                                     "export` first keeps what can still be read") from e
+        finally:
+            conn.close()
+
+    # ------------------------------------------------------------ writes
+    def record(self, key: TuningKey, function: str, measurements: Sequence[Measurement],
+               run: str, default_median: float | None = None, *,
+               replace_best: bool = False) -> None:
+        """Store measured candidates and update the key's best entry, atomically: to the
+        fastest of them if it beats the entry, or regardless with `replace_best` (a
+        confirmation that measured the contenders side by side)."""
+        host, created = host_name(), now()
+        with self._connect(write=True) as conn:
+            _insert_key(conn, key, function)
+            digest = key.digest()
+            for m in measurements:
+                if m.status not in STATUSES:
+                    raise ValueError(f"unknown status {m.status!r}")
+                conn.execute(
+                    "INSERT OR IGNORE INTO measurements (key, options, options_json, status, "
+                    "median, spread, detail, host, created, run) VALUES (?,?,?,?,?,?,?,?,?,?)",
+                    (digest, m.options.text(), m.options.dumps(), m.status, m.median, m.spread,
+                     m.detail[:2000], host, created, run))
+            ok = [m for m in measurements if m.status == "ok" and m.median is not None]
+            if ok:
+                fastest = min(ok, key=lambda m: m.median or 0.0)
+                conn.execute(_REPLACE_BEST if replace_best else _UPSERT_BEST,
+                             (digest, fastest.options.text(), fastest.options.dumps(),
+                              fastest.median, default_median, "tuned", host, created))
+
+    def inject(self, key: TuningKey, options: Options, function: str = "") -> None:
+        """A hand-written entry (TC §6.1): used by later calls until a tuner measures
+        something faster."""
+        with self._connect(write=True) as conn:
+            _insert_key(conn, key, function)
+            conn.execute("INSERT OR REPLACE INTO best (key, options, options_json, median, "
+                         "default_median, source, host, updated) VALUES (?,?,?,?,?,?,?,?)",
+                         (key.digest(), options.text(), options.dumps(), None, None,
+                          "injected", host_name(), now()))
+
+    def clear(self) -> int:
+        """Delete every entry and measurement; returns the number of best entries."""
+        if not self.path.exists():
+            return 0
+        with self._connect(write=True) as conn:
+            count = conn.execute("SELECT COUNT(*) FROM best").fetchone()[0]
+            for table in ("best", "measurements", "keys"):
+                conn.execute(f"DELETE FROM {table}")
+        return int(count)
+
+    # ------------------------------------------------------------ reads
+    def best(self, key: TuningKey) -> BestEntry | None:
+        if not self.path.exists():
+            return None
+        with self._connect(write=False) as conn:
+            rows = _best_rows(conn, "WHERE b.key = ?", (key.digest(),))
+        return rows[0] if rows else None
+
+    def similar(self, key: TuningKey, limit: int = 4) -> list[BestEntry]:
+        """Best entries of other keys on the same target: the same program at other
+        sizes first, then the most recent others (seeds for the genetic search)."""
+        if not self.path.exists():
+            return []
+        with self._connect(write=False) as conn:
+            return _best_rows(conn, "WHERE k.target = ? AND b.key != ? "
+                              "ORDER BY (k.program = ?) DESC, b.updated DESC LIMIT ?",
+                              (key.target, key.digest(), key.program, limit))
+
+    def entries(self) -> list[BestEntry]:
+        if not self.path.exists():
+            return []
+        with self._connect(write=False) as conn:
+            return _best_rows(conn, "ORDER BY k.function, k.signature", ())
+
+    def measurements(self, key: TuningKey | None = None) -> list[dict[str, Any]]:
+        if not self.path.exists():
+            return []
+        with self._connect(write=False) as conn:
+            return _measurement_rows(conn, key)
+
+    def info(self) -> str:
+        if not self.path.exists():
+            return f"tuning database: {self.path} (none yet)"
+        with self._connect(write=False) as conn:
+            keys = conn.execute("SELECT COUNT(*) FROM best").fetchone()[0]
+            rows = conn.execute("SELECT COUNT(*) FROM measurements").fetchone()[0]
+        return f"tuning database: {self.path}\ntuned keys: {keys}\nmeasurements: {rows}"
+
+    # ------------------------------------------------------------ export / import
+    def export(self) -> dict[str, Any]:
+        """Every best entry and measurement as versioned JSON data."""
+        best = [_entry_json(e) for e in self.entries()]
+        return {"format": EXPORT_FORMAT, "version": EXPORT_VERSION, "exported": now(),
+                "host": host_name(), "best": best, "measurements": self.measurements()}
+
+    def import_(self, data: Any) -> tuple[int, int]:
+        """Merge exported data: measurements are added (once), and an imported best
+        entry replaces ours when ours is missing or slower. Returns (best entries
+        taken, measurements added). All or nothing."""
+        best, rows = _validate_export(data)
+        taken = added = 0
+        with self._connect(write=True) as conn:
+            for item in rows:
+                key = _key_from_json(item["key"])
+                _insert_key(conn, key, str(item.get("function", "")))
+                cur = conn.execute(
+                    "INSERT OR IGNORE INTO measurements (key, options, options_json, status, "
+                    "median, spread, detail, host, created, run) VALUES (?,?,?,?,?,?,?,?,?,?)",
+                    (key.digest(), item["options_text"], json.dumps(item["options"],
+                                                                    sort_keys=True),
+                     item["status"], item.get("median"), item.get("spread"),
+                     str(item.get("detail", "")), str(item.get("host", "")),
+                     str(item.get("created", "")), str(item.get("run", ""))))
+                added += cur.rowcount
+            for item in best:
+                key = _key_from_json(item["key"])
+                options = Options.from_json(item["options"])
+                _insert_key(conn, key, str(item.get("function", "")))
+                median = item.get("median")
+                cur = conn.execute(
+                    "INSERT INTO best (key, options, options_json, median, default_median, "
+                    "source, host, updated) VALUES (?,?,?,?,?,?,?,?) ON CONFLICT(key) DO UPDATE "
+                    "SET options = excluded.options, options_json = excluded.options_json, "
+                    "median = excluded.median, default_median = excluded.default_median, "
+                    "source = excluded.source, host = excluded.host, updated = excluded.updated "
+                    "WHERE excluded.median IS NOT NULL AND (best.median IS NULL OR "
+                    "excluded.median < best.median)",
+                    (key.digest(), options.text(), options.dumps(), median,
+                     item.get("default_median"), str(item.get("source", "imported")),
+                     str(item.get("host", "")), str(item.get("updated", now()))))
+                taken += cur.rowcount
+        return taken, added
+
+
+def lookup(config: Config, key: TuningKey) -> dict[str, Any] | None:
+    """The tuned pass options for `key`, for Compiler(tuned=...); None when there are
+    none. Never raises: a database that cannot be read means the heuristics."""
+    path = config.cache_dir / DB_NAME
+    if not path.exists():
+        return None
+    try:
+        entry = TuningDatabase(path).best(key)
+    except (PolytileError, OSError, sqlite3.Error) as e:
+        log.warning("polytile: tuning database not used: %s", e)
+        return None
+    return entry.options.pass_options() if entry is not None else None
+
+
+# ---------------------------------------------------------------- helpers
+def _ensure_schema(conn: sqlite3.Connection) -> None:
+    row = None
+    try:
+        row = conn.execute("SELECT value FROM meta WHERE name = 'schema'").fetchone()
+    except sqlite3.OperationalError:
+        pass                     # no tables yet
+    if row is not None:
+        if int(row[0]) != SCHEMA_VERSION:
+            raise PolytileError(f"tuning database schema {row[0]} is not {SCHEMA_VERSION}",
+                                hint="export it with the polytile that wrote it, or move it "
+                                     "away")
+        return
+    for attempt in range(50):
+        try:
+            conn.execute("PRAGMA journal_mode = WAL")
+            break
+        except sqlite3.OperationalError:      # another process is creating it
+            time.sleep(0.05 * (attempt + 1))
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        for statement in filter(str.strip, _SCHEMA.split(";")):
+            conn.execute(statement)
+        conn.execute("INSERT OR IGNORE INTO meta (name, value) VALUES ('schema', ?)",
+                     (str(SCHEMA_VERSION),))
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+
+
+def _insert_key(conn: sqlite3.Connection, key: TuningKey, function: str) -> None:
+    conn.execute("INSERT OR IGNORE INTO keys (key, program, signature, target, compiler, "
+                 "function) VALUES (?,?,?,?,?,?)",
+                 (key.digest(), key.program, key.signature, key.target, key.compiler,
+                  function))
+
+
+def _best_rows(conn: sqlite3.Connection, where: str, args: tuple[Any, ...]) -> list[BestEntry]:
+    query = ("SELECT k.program, k.signature, k.target, k.compiler, k.function, b.options_json, "
+             "b.median, b.default_median, b.source, b.host, b.updated "
+             "FROM best b JOIN keys k ON k.key = b.key " + where)
+    out = []
+    for row in conn.execute(query, args):
+        try:
+            options = Options.from_json(row[5])
+        except ArgumentError as e:
+            log.warning("polytile: skipping a tuning entry that cannot be read: %s", e)
+            continue
+        out.append(BestEntry(TuningKey(*row[:4]), row[4], options, row[6], row[7], row[8],
+                             row[9], row[10]))
+    return out
+
+
+def _measurement_rows(conn: sqlite3.Connection, key: TuningKey | None) -> list[dict[str, Any]]:
+    query = ("SELECT k.program, k.signature, k.target, k.compiler, k.function, m.options, "
+             "m.options_json, m.status, m.median, m.spread, m.detail, m.host, m.created, m.run "
+             "FROM measurements m JOIN keys k ON k.key = m.key")
+    args: tuple[Any, ...] = ()
+    if key is not None:
+        query += " WHERE m.key = ?"
+        args = (key.digest(),)
+    out = []
+    for row in conn.execute(query + " ORDER BY m.id", args):
+        out.append({"key": TuningKey(*row[:4]).parts(), "function": row[4],
+                    "options_text": row[5], "options": json.loads(row[6]), "status": row[7],
+                    "median": row[8], "spread": row[9], "detail": row[10], "host": row[11],
+                    "created": row[12], "run": row[13]})
+    return out
+
+
+def _entry_json(e: BestEntry) -> dict[str, Any]:
+    return {"key": e.key.parts(), "function": e.function, "options": e.options.to_json(),
+            "options_text": e.options.text(), "median": e.median,
+            "default_median": e.default_median, "source": e.source, "host": e.host,
+            "updated": e.updated}
+
+
+def _key_from_json(data: Any) -> TuningKey:
+    try:
+        return TuningKey(**{k: str(data[k]) for k in ("program", "signature", "target",
+                                                      "compiler")})
+    except (KeyError, TypeError):
+        raise ArgumentError(f"not a tuning key: {data!r}",
+                            hint="a key has program, signature, target and compiler") from None
+
+
+def _validate_export(data: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    if not isinstance(data, dict) or data.get("format") != EXPORT_FORMAT:
+        raise ArgumentError("not a polytile tuning export",
+                            hint="make one with `polytile cache export FILE`")
+    if data.get("version") != EXPORT_VERSION:
+        raise ArgumentError(f"tuning export version {data.get('version')!r} is not supported",
+                            hint=f"this polytile reads version {EXPORT_VERSION}")
+    best, rows = data.get("best", []), data.get("measurements", [])
+    if not isinstance(best, list) or not isinstance(rows, list):
+        raise ArgumentError("'best' and 'measurements' must be lists")
+    for item in best + rows:
+        if not isinstance(item, dict) or "key" not in item or "options" not in item:
+            raise ArgumentError(f"tuning export entry without key or options: {item!r:.200}")
+        Options.from_json(item["options"])
+    for item in rows:
+        if item.get("status") not in STATUSES or "options_text" not in item:
+            raise ArgumentError(f"tuning export measurement is malformed: {item!r:.200}")
+    return best, rows

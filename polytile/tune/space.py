@@ -1,0 +1,342 @@
+"""The tuning space of one specialized program on one target (TC §6.2 "tuning space
+dimensions and admissible values").
+
+    space = build_space(lowered_ir, target)
+    space.genes            # (Gene("fuse.strategy", ("rows", "none")), Gene("s0.tile.i0", (1, 2, ...)), ...)
+    space.default          # the heuristics' Options; space.default_point encodes it
+    space.decode(point)    # Options, or None for a point pruned before compiling
+
+A point is one value index per gene, the genetic algorithm's chromosome. The genes:
+
+* pipeline choices, for the passes the target runs: fusion strategy, packing on/off;
+* `lanes`: vector width, the target's full width or half of it (one for the function:
+  the generated C declares one vector type);
+* per kernel block (names are stable: they come from the lowered program):
+  `vector` (which index runs across SIMD lanes, from autotile.vector_candidates),
+  `vectors` (vectors per register tile along a parallel vector index),
+  `unroll.<index>` (register tile factor of each parallel index),
+  `tile.<index>` (cache tile: powers of two and ceil-divisors of the extent, so a
+  tile size can avoid a tail tile, TC §6.2 footnote), `parallel` (OpenMP on the
+  outer tile loop). Members of a fused block get a register tile only, as in autotile.
+
+A gene that does not apply to a point (the tile of a block that is fused, the
+vectors of a reduction vector index) is ignored when decoding. Decoding repairs
+what it can: a cache tile rounds up to a multiple of the register tile along its
+index (a register tile cut by the cache tile would run scalar boundary code), and a
+tile at least as large as the extent means no tiling. It prunes what would not pay
+to compile: register tiles whose accumulators exceed the target's vector registers
+minus a few for operands.
+"""
+from __future__ import annotations
+
+import functools
+import itertools
+import math
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from polytile.ir import nodes as N
+from polytile.passes.autotile import VECTOR_DTYPES, choose_schedule, vector_candidates
+from polytile.passes.schedule import Schedule, _is_parallel
+from polytile.targets.target import Target
+from polytile.tune.options import Options
+
+# Pipeline parameters worth searching, by pass; used only for passes the target runs.
+PIPELINE_CHOICES: dict[str, tuple[Any, ...]] = {
+    "fuse.strategy": ("rows", "none"),
+    "pack.enabled": (True, False),
+}
+UNROLL_FACTORS = (1, 2, 3, 4, 5, 6, 8)
+VECTORS = (1, 2, 3, 4)
+LANE_DIVISORS = (1, 2)
+CEIL_DIVISORS = range(1, 17)
+RESERVED_REGISTERS = 4      # operands and broadcasts next to the accumulators
+
+
+@dataclass(frozen=True)
+class Gene:
+    name: str
+    values: tuple[Any, ...]
+
+
+@dataclass(frozen=True)
+class KernelBlock:
+    """A block autotile schedules, in one pipeline variant."""
+
+    block: N.Block
+    member: bool          # inside a fused block: register tile only
+    default: Schedule
+
+    @property
+    def name(self) -> str:
+        return self.block.name
+
+    @property
+    def loops(self) -> dict[str, int]:
+        return {i.name: i.range for i in self.block.idxs if i.affine is None}
+
+    @property
+    def parallel(self) -> list[str]:
+        return [n for n in self.loops if _is_parallel(self.block, n)]
+
+    def vectors(self) -> list[str]:
+        out = next((r for r in self.block.refs if r.dir in ("out", "inout")), None)
+        if out is None or out.shape.dtype.name not in VECTOR_DTYPES:
+            return []
+        if any(r.shape.dtype != out.shape.dtype for r in self.block.refs):
+            return []
+        return vector_candidates(self.block)
+
+    def lanes(self, target: Target) -> int:
+        out = next((r for r in self.block.refs if r.dir in ("out", "inout")), None)
+        bits = out.shape.dtype.bits if out is not None else 32
+        return max(1, target.vector_bytes // max(1, bits // 8))
+
+
+@dataclass(frozen=True)
+class Variant:
+    """The kernel blocks autotile sees under one setting of the pipeline choices."""
+
+    passes: tuple[tuple[str, Any], ...]
+    blocks: tuple[KernelBlock, ...]
+
+
+@dataclass(frozen=True)
+class Space:
+    target: Target
+    genes: tuple[Gene, ...]
+    variants: tuple[Variant, ...]
+    default: Options
+    default_point: tuple[int, ...]
+
+    @property
+    def sizes(self) -> tuple[int, ...]:
+        return tuple(len(g.values) for g in self.genes)
+
+    def value(self, point: Sequence[int], name: str, fallback: Any = None) -> Any:
+        k = self._index.get(name)
+        return fallback if k is None else self.genes[k].values[point[k]]
+
+    @functools.cached_property
+    def _index(self) -> dict[str, int]:
+        return {g.name: k for k, g in enumerate(self.genes)}
+
+    def canonical(self, point: Sequence[int]) -> str | None:
+        """Identity of the point's Options (equal text, equal program), None if pruned."""
+        options = self.decode(point)
+        return None if options is None else options.text()
+
+    def decode(self, point: Sequence[int]) -> Options | None:
+        if tuple(point) == self.default_point:
+            return self.default
+        passes = tuple((g.name, g.values[p]) for g, p in zip(self.genes, point)
+                       if g.name in PIPELINE_CHOICES)
+        variant = next(v for v in self.variants if v.passes == passes)
+        divisor = self.value(point, "lanes", 1)
+        schedules = {}
+        for kb in variant.blocks:
+            schedule = _decode_block(self, point, kb, divisor)
+            if schedule is None:
+                return None
+            schedules[kb.name] = schedule
+        return Options.of(schedules, dict(passes))
+
+    def encode(self, options: Options) -> tuple[int, ...]:
+        """The point nearest to `options` (exact when every value is a gene value)."""
+        wanted = _gene_values(options, self)
+        return tuple(_nearest(g.values, wanted.get(g.name, g.values[0])) for g in self.genes)
+
+    def random_point(self, rng: random.Random) -> tuple[int, ...]:
+        return tuple(rng.randrange(len(g.values)) for g in self.genes)
+
+    def describe(self) -> str:
+        count = math.prod(self.sizes)
+        lines = [f"{len(self.genes)} genes, {count:.3g} points before pruning"]
+        lines += [f"  {g.name}: {', '.join(map(str, g.values))}" for g in self.genes]
+        return "\n".join(lines)
+
+
+def build_space(lowered: N.Function, target: Target,
+                extra: Sequence[Options] = ()) -> Space:
+    """The space for `lowered` (the IR before any pass) on `target`; `extra` options
+    (seeds: the best of similar programs) add their values to the genes."""
+    from polytile.passes.pipeline import run_pipeline
+    names = [name for name, _ in target.passes]
+    cut = names.index("autotile") if "autotile" in names else len(names)
+    before = replace(target, passes=target.passes[:cut])
+    defaults = {f"{name}.{k}": v for name, params in target.passes for k, v in params}
+    choices = {}
+    for gene, values in PIPELINE_CHOICES.items():
+        if gene.split(".")[0] in names[:cut]:
+            default = defaults.get(gene, values[0])
+            choices[gene] = (default,) + tuple(v for v in values if v != default)
+    variants = []
+    for combo in itertools.product(*choices.values()):
+        passes = tuple(zip(choices, combo))
+        fn = run_pipeline(lowered, before, dict(passes))
+        variants.append(Variant(passes, tuple(kernel_blocks(fn, target))))
+    default_variant = variants[0]
+    default = Options.of({kb.name: kb.default for kb in default_variant.blocks},
+                         dict(default_variant.passes))
+    genes = [Gene(name, values) for name, values in choices.items()]
+    genes += _schedule_genes(variants, target, [default, *extra])
+    space = Space(target, tuple(genes), tuple(variants), default, ())
+    return replace(space, default_point=space.encode(default))
+
+
+def kernel_blocks(fn: N.Function, target: Target) -> list[KernelBlock]:
+    """The blocks autotile schedules, with its default schedules."""
+    out = []
+    for s in fn.body.stmts:
+        if _is_leaf_kernel(s):
+            assert isinstance(s, N.Block)
+            out.append(KernelBlock(s, False, choose_schedule(s, target)))
+        elif isinstance(s, N.Block) and "fused" in s.tags:
+            for m in s.stmts:
+                if _is_leaf_kernel(m):
+                    assert isinstance(m, N.Block)
+                    default = replace(choose_schedule(m, target), tiles=(), parallel=False)
+                    out.append(KernelBlock(m, True, default))
+    return out
+
+
+def _is_leaf_kernel(s: N.Statement) -> bool:
+    return (isinstance(s, N.Block) and "kernel" in s.tags
+            and not any(isinstance(x, N.Block) for x in s.stmts))
+
+
+def tile_sizes(extent: int) -> list[int]:
+    """Powers of two below the extent and its ceil-divisors (TC §6.2)."""
+    sizes = {1 << k for k in range(extent.bit_length()) if 1 << k <= extent}
+    sizes |= {-(-extent // d) for d in CEIL_DIVISORS}
+    return sorted(sizes)
+
+
+def _schedule_genes(variants: Sequence[Variant], target: Target,
+                    known: Sequence[Options]) -> list[Gene]:
+    values: dict[str, list[Any]] = {}
+
+    def add(name: str, items: Sequence[Any]) -> None:
+        slot = values.setdefault(name, [])
+        slot.extend(v for v in items if v not in slot)
+
+    by_name: dict[str, list[KernelBlock]] = {}
+    for v in variants:
+        for kb in v.blocks:
+            by_name.setdefault(kb.name, []).append(kb)
+    vectorized = False
+    for name, kbs in by_name.items():
+        first = kbs[0]
+        vectors = [c for kb in kbs for c in [kb.default.vector, *kb.vectors()] if c is not None]
+        if vectors:
+            vectorized = True
+            add(f"{name}.vector", vectors)
+            add(f"{name}.vectors", VECTORS)
+            for kb in kbs:
+                for n in kb.parallel:
+                    add(f"{name}.unroll.{n}", UNROLL_FACTORS)
+        if any(not kb.member for kb in kbs):
+            for kb in kbs:
+                if kb.member:
+                    continue
+                for n, extent in kb.loops.items():
+                    if extent > 1:
+                        add(f"{name}.tile.{n}", tile_sizes(extent))
+            add(f"{name}.parallel", (first.default.parallel, not first.default.parallel))
+    if vectorized:
+        add("lanes", LANE_DIVISORS)
+    for options in known:
+        for name, value in _gene_values(options, None).items():
+            if name in values:
+                add(name, [value])
+    return [Gene(name, tuple(sorted(vs) if _numeric(vs) else vs))
+            for name, vs in values.items()]
+
+
+def _numeric(values: Sequence[Any]) -> bool:
+    return all(isinstance(v, int) and not isinstance(v, bool) for v in values)
+
+
+def _gene_values(options: Options, space: Space | None) -> dict[str, Any]:
+    """Gene name -> value that `options` implies (genes it says nothing about are absent)."""
+    out: dict[str, Any] = dict(options.passes)
+    for name, s in options.schedules:
+        if s.vector is not None:
+            out[f"{name}.vector"] = s.vector
+            out[f"{name}.vectors"] = s.vectors
+            if space is not None:
+                kb = _block(space, name)
+                if kb is not None:
+                    out.setdefault("lanes", max(1, kb.lanes(space.target) // max(1, s.lanes)))
+        for n, f in s.unroll:
+            out[f"{name}.unroll.{n}"] = f
+        tiles = dict(s.tiles)
+        for n, t in tiles.items():
+            out[f"{name}.tile.{n}"] = t
+        out[f"{name}.parallel"] = s.parallel
+        if space is not None:
+            kb = _block(space, name)
+            if kb is not None:
+                for n in kb.parallel:
+                    out.setdefault(f"{name}.unroll.{n}", 1)
+                if not kb.member:
+                    for n, extent in kb.loops.items():
+                        out.setdefault(f"{name}.tile.{n}", extent)
+    return out
+
+
+def _block(space: Space, name: str) -> KernelBlock | None:
+    for v in space.variants:
+        for kb in v.blocks:
+            if kb.name == name:
+                return kb
+    return None
+
+
+def _nearest(values: tuple[Any, ...], wanted: Any) -> int:
+    if wanted in values:
+        return values.index(wanted)
+    if _numeric(values) and isinstance(wanted, int):
+        return min(range(len(values)), key=lambda k: (abs(values[k] - wanted), k))
+    return 0
+
+
+def _decode_block(space: Space, point: Sequence[int], kb: KernelBlock,
+                  divisor: int) -> Schedule | None:
+    name, loops, parallel = kb.name, kb.loops, kb.parallel
+    candidates = kb.vectors()
+    vector = space.value(point, f"{name}.vector")
+    if vector not in candidates:
+        vector = kb.default.vector if kb.default.vector in candidates else (
+            candidates[0] if candidates else None)
+    lanes = max(1, kb.lanes(space.target) // divisor) if vector is not None else 1
+    vector_parallel = vector in parallel
+    vectors = 1
+    if vector is not None and vector_parallel:
+        vectors = min(space.value(point, f"{name}.vectors", 1), -(-loops[vector] // lanes))
+    unroll: dict[str, int] = {}
+    if vector is not None:
+        for n in parallel:
+            f = min(space.value(point, f"{name}.unroll.{n}", 1), loops[n])
+            if n != vector and f > 1:
+                unroll[n] = f
+    accumulators = math.prod(unroll.values()) * vectors
+    if accumulators > space.target.vector_registers - RESERVED_REGISTERS:
+        return None
+    if kb.member:
+        return Schedule(vector, lanes, tuple(sorted(unroll.items())), vectors, (), False)
+    tiles: dict[str, int] = {}
+    for n, extent in loops.items():
+        size = space.value(point, f"{name}.tile.{n}", extent)
+        step = unroll.get(n, 1)
+        if n == vector:
+            step = lanes * vectors
+        size = -(-size // step) * step
+        if size < extent:
+            tiles[n] = size
+    run_parallel = bool(space.value(point, f"{name}.parallel", kb.default.parallel)) and any(
+        n in parallel for n in tiles)
+    return Schedule(vector, lanes, tuple(sorted(unroll.items())), vectors,
+                    tuple(sorted(tiles.items())), run_parallel)

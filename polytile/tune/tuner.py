@@ -1,0 +1,288 @@
+"""One tuning run (TC §6.2): space, search, measurement and database, wired together.
+
+    result = tune_spec(compiler, spec, inputs, scalars, outputs, TuneSettings.of(budget="60s"))
+    result.best, result.speedup, print(result.table())
+
+The run: build the space of the lowered program; seed the first population with
+the heuristics' default, this key's stored best and the best options of similar
+programs; let the search strategy propose batches; compile each batch in parallel,
+profile it one candidate at a time, check each candidate's output once against the
+reference interpreter, and record the batch in the tuning database (one
+transaction per batch, so an interrupted run keeps what it measured). Later
+compilations of the same key pick the best entry up through Compiler(tuned=...).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+import secrets
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from polytile.compile import Compiler, TuningKey
+from polytile.errors import ArgumentError
+from polytile.ir.lower import lower
+from polytile.sema import reference
+from polytile.sema.canonical import canonical
+from polytile.sema.specialize import Specialized
+from polytile.tune.database import Measurement, TuningDatabase
+from polytile.tune.measure import Build, BuildJob, BuildSettings, Runner, build_all
+from polytile.tune.options import Options
+from polytile.tune.progress import Progress, format_seconds
+from polytile.tune.runner import RunnerSetup, RunReport, RunSettings
+from polytile.tune.search import Point, SearchSettings, search
+from polytile.tune.space import Space, build_space
+
+_RUN_FIELDS = {f.name for f in dataclasses.fields(RunSettings)}
+
+
+@dataclass(frozen=True)
+class TuneSettings:
+    strategy: str = "genetic"          # or "random"
+    budget_seconds: float = 60.0       # wall clock for the whole run
+    max_candidates: int | None = None  # distinct candidates measured
+    generations: int = 20
+    population: int = 12
+    mutation_rate: float = 0.1
+    elites: int = 2
+    seed: int = 0
+    similar: int = 4                   # best entries of similar programs used as seeds
+    workers: int = 0                   # compile processes; 0: one per core
+    build_timeout: float = 120.0
+    run: RunSettings = field(default_factory=RunSettings)
+    confirm: int = 3                   # best candidates measured again beside the default
+    confirm_rounds: int = 3
+    progress: bool = True
+
+    @staticmethod
+    def of(budget: Any = None, candidates: int | None = None, **kw: Any) -> "TuneSettings":
+        """Settings from keywords: `budget` as seconds or "90s" / "2m" / "1h",
+        `candidates` for max_candidates, RunSettings fields (timeout, repeats, ...)
+        by name, or `run_timeout` for RunSettings.timeout."""
+        run_kw = {k: kw.pop(k) for k in list(kw) if k in _RUN_FIELDS}
+        if "run_timeout" in kw:
+            run_kw["timeout"] = kw.pop("run_timeout")
+        names = {f.name for f in dataclasses.fields(TuneSettings)}
+        unknown = set(kw) - names
+        if unknown:
+            raise ArgumentError(f"unknown tuning settings {sorted(unknown)}",
+                                hint=f"known: budget, candidates, {', '.join(sorted(names))}, "
+                                     f"{', '.join(sorted(_RUN_FIELDS))}")
+        if budget is not None:
+            kw["budget_seconds"] = parse_budget(budget)
+        if candidates is not None:
+            kw["max_candidates"] = int(candidates)
+        settings = TuneSettings(**kw)
+        if run_kw:
+            settings = dataclasses.replace(settings,
+                                           run=dataclasses.replace(settings.run, **run_kw))
+        settings.search()     # validates
+        return settings
+
+    def search(self, budget_seconds: float | None = None) -> SearchSettings:
+        try:
+            return SearchSettings(self.strategy, self.generations, self.population,
+                                  self.mutation_rate, self.elites,
+                                  self.budget_seconds if budget_seconds is None
+                                  else budget_seconds, self.max_candidates, self.seed)
+        except ValueError as e:
+            raise ArgumentError(f"invalid tuning settings: {e}") from None
+
+
+def parse_budget(value: Any) -> float:
+    """Seconds from 90, 90.0, "90", "90s", "2m", "1.5h"."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
+        return float(value)
+    match = re.fullmatch(r"\s*(\d+(?:\.\d*)?)\s*([smh]?)\s*", str(value))
+    if not match or float(match.group(1)) <= 0:
+        raise ArgumentError(f"budget {value!r} is not a duration",
+                            hint="give seconds, or e.g. '90s', '2m', '1h'")
+    return float(match.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600}[match.group(2)]
+
+
+@dataclass(frozen=True)
+class TuneResult:
+    key: TuningKey
+    function: str
+    best: Options | None
+    best_seconds: float | None
+    default: Options
+    default_seconds: float | None
+    candidates: int
+    rejected: dict[str, int]           # status -> count
+    generations: int
+    seconds: float
+    stopped: str
+
+    @property
+    def speedup(self) -> float | None:
+        if not self.best_seconds or not self.default_seconds:
+            return None
+        return self.default_seconds / self.best_seconds
+
+    def table(self) -> str:
+        rejected = ", ".join(f"{k} {v}" for k, v in sorted(self.rejected.items())) or "none"
+        speedup = f"{self.speedup:.2f}x" if self.speedup else "-"
+        rows = [("function", "default", "tuned", "speedup", "candidates", "rejected",
+                 "generations", "seconds"),
+                (self.function, format_seconds(self.default_seconds),
+                 format_seconds(self.best_seconds), speedup, str(self.candidates), rejected,
+                 str(self.generations), f"{self.seconds:.0f}")]
+        widths = [max(len(r[k]) for r in rows) for k in range(len(rows[0]))]
+        return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip()
+                         for r in rows)
+
+
+def tune_spec(compiler: Compiler, spec: Specialized, inputs: dict[str, np.ndarray],
+              scalars: dict[str, Any], outputs: dict[str, np.ndarray],
+              settings: TuneSettings, label: str | None = None) -> TuneResult:
+    """Tune one specialized function; `outputs` hold the initial values of in/out outputs
+    (others may be anything). The results are in the database when this returns."""
+    start = time.monotonic()
+    deadline = start + settings.budget_seconds
+    config = compiler.config
+    if config.disable_disk_cache:
+        raise ArgumentError("tuning needs the disk cache (candidates are built by worker "
+                            "processes)", hint="unset POLYTILE_NO_DISK_CACHE")
+    db = TuningDatabase.of(config)
+    lowered = lower(canonical(spec))
+    key = compiler.tuning_key(spec, lowered)
+    own = db.best(key)
+    similar = db.similar(key, settings.similar)
+    known = ([own.options] if own else []) + [e.options for e in similar]
+    space = build_space(lowered, compiler.target, known)
+    seeds = [space.default_point] + [space.encode(o) for o in known]
+    name = spec.fn.name
+    session = _Session(
+        space=space, key=key, function=name, db=db, deadline=deadline,
+        job=BuildJob(config, compiler.target, spec),
+        build=BuildSettings(settings.workers, settings.build_timeout),
+        progress=Progress(label or name, deadline, settings.progress),
+        run_id=secrets.token_hex(8))
+    setup = _runner_setup(spec, inputs, scalars, outputs, settings.run)
+    with Runner(setup) as runner:
+        session.runner = runner
+        result = search(space, session.evaluate, settings.search(deadline - time.monotonic()),
+                        seeds, on_generation=lambda g, trials, best:
+                        session.progress.end_generation(g))
+        if settings.confirm:
+            session.confirm(settings.confirm, settings.confirm_rounds)
+    best = session.best_options
+    return TuneResult(key, name, best, session.best_seconds if best else None, space.default,
+                      session.default_seconds, session.progress.candidates,
+                      dict(session.rejected), result.generations, time.monotonic() - start,
+                      result.stopped)
+
+
+def _runner_setup(spec: Specialized, inputs: dict[str, np.ndarray], scalars: dict[str, Any],
+                  outputs: dict[str, np.ndarray], settings: RunSettings) -> RunnerSetup:
+    fn = spec.fn
+    params = tuple(np.array(scalars[p.name], dtype=p.dtype.numpy) if p.kind == "scalar"
+                   else np.ascontiguousarray(inputs[p.name]) for p in fn.params)
+    initial = tuple(np.ascontiguousarray(outputs[o.name]).copy() for o in fn.outputs)
+    expected = {o.name: outputs[o.name].copy() for o in fn.outputs}
+    reference.run(spec, {**inputs, **scalars}, expected)
+    return RunnerSetup(params, initial, tuple(o.name in fn.inout for o in fn.outputs),
+                       tuple(expected[o.name] for o in fn.outputs), settings)
+
+
+@dataclass
+class _Session:
+    """The evaluation callback of one run and what it has learned so far."""
+
+    space: Space
+    key: TuningKey
+    function: str
+    db: TuningDatabase
+    deadline: float
+    job: BuildJob
+    build: BuildSettings
+    progress: Progress
+    run_id: str
+    runner: Runner | None = None
+    by_program: dict[str, tuple[Build, RunReport]] = field(default_factory=dict)
+    rejected: Counter[str] = field(default_factory=Counter)
+    best_options: Options | None = None
+    best_seconds: float = math.inf
+    default_seconds: float | None = None
+
+    def evaluate(self, points: list[Point]) -> Sequence[float | None]:
+        candidates = [self.space.decode(p) for p in points]
+        assert all(c is not None for c in candidates), "the search proposed a pruned point"
+        builds = build_all(self.job, [c for c in candidates if c is not None], self.build)
+        costs: list[float | None] = []
+        records: list[Measurement] = []
+        for b in builds:
+            if time.monotonic() >= self.deadline:
+                costs.append(None)
+                continue
+            report = self._report(b)
+            records.append(Measurement(b.options, report.status, report.median,
+                                       report.spread, report.detail))
+            ok = report.status == "ok" and report.median is not None
+            if b.options == self.space.default and ok:
+                self.default_seconds = report.median
+                self.progress.default = report.median
+            if ok and report.median is not None and report.median < self.best_seconds:
+                self.best_seconds, self.best_options = report.median, b.options
+            if not ok:
+                self.rejected[report.status] += 1
+            self.progress.candidate(report.median if ok else None)
+            costs.append(report.median if ok and report.median is not None else math.inf)
+        if records:
+            self.db.record(self.key, self.function, records, self.run_id, self.default_seconds)
+        return costs
+
+    def _report(self, b: Build) -> RunReport:
+        if b.status != "ok":
+            return RunReport(b.status, detail=b.detail)
+        known = self.by_program.get(b.program)
+        if known is not None:
+            return dataclasses.replace(known[1], detail="same kernel as an earlier candidate")
+        assert self.runner is not None
+        prune = None
+        if not math.isinf(self.best_seconds):
+            prune = self.best_seconds * self.runner.setup.settings.prune_factor
+        report = self.runner.run(b, prune)
+        self.by_program[b.program] = (b, report)
+        return report
+
+    def confirm(self, count: int, rounds: int) -> None:
+        """Measure the `count` fastest candidates and the default again, in turns, and
+        keep the fastest by that measurement: the search's best is the minimum of many
+        noisy medians, which flatters it (TC validates its cache entries the same way)."""
+        timed = [(r.median, b) for b, r in self.by_program.values()
+                 if r.status == "ok" and r.median is not None and r.samples > 1]
+        timed.sort(key=lambda t: t[0])
+        contenders = [b for _, b in timed[:count]]
+        default = next((b for b, _ in self.by_program.values()
+                        if b.options == self.space.default), None)
+        if default is not None and default not in contenders:
+            contenders.append(default)
+        if len(contenders) < 2 or self.runner is None:
+            return
+        medians: dict[str, list[float]] = {b.program: [] for b in contenders}
+        spreads: dict[str, float | None] = {}
+        for k in range(rounds):
+            for b in contenders[k % len(contenders):] + contenders[:k % len(contenders)]:
+                report = self.runner.run(b)
+                if report.status == "ok" and report.median is not None:
+                    medians[b.program].append(report.median)
+                    spreads[b.program] = report.spread
+        records = [Measurement(b.options, "ok", min(medians[b.program]),
+                               spreads.get(b.program), f"confirmation, {rounds} rounds")
+                   for b in contenders if medians[b.program]]
+        if not records:
+            return
+        best = min(records, key=lambda m: m.median or math.inf)
+        if default is not None and medians[default.program]:
+            self.default_seconds = min(medians[default.program])
+        self.best_options, self.best_seconds = best.options, best.median or math.inf
+        self.db.record(self.key, self.function, records, self.run_id, self.default_seconds,
+                       replace_best=True)
