@@ -206,9 +206,19 @@ class CompiledFunction:
         for original, contiguous in copies:
             original[...] = contiguous
 
-    def run_fast(self, args: tuple[Any, ...]) -> Any:
+    def run_fast(self, args: tuple[Any, ...], out: Any = None) -> Any:
         if not self._fast_ok:
             return None
+        if out is not None:
+            outs = [out] if isinstance(out, np.ndarray) else list(out)
+            if len(outs) != len(self._outputs):
+                return None
+            for o, (shape, dtype) in zip(outs, self._outputs):
+                if (type(o) is not np.ndarray or o.shape != shape or o.dtype != dtype
+                        or not o.flags.c_contiguous or not o.flags.writeable
+                        or any(isinstance(a, np.ndarray) and np.may_share_memory(a, o)
+                               for a in args)):
+                    return None
         buffers = []
         for a, dtype, scalar in zip(args, self._dtypes, self._scalar):
             if scalar:
@@ -220,7 +230,8 @@ class CompiledFunction:
             elif type(a) is not np.ndarray or a.dtype != dtype or not a.flags.c_contiguous:
                 return None
             buffers.append(a)
-        outs = [np.zeros(shape, dtype) for shape, dtype in self._outputs]
+        if out is None:
+            outs = [np.zeros(shape, dtype) for shape, dtype in self._outputs]
         self._check(self.kernel(buffers + outs))
         return outs[0] if len(outs) == 1 else tuple(outs)
 

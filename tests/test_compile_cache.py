@@ -77,7 +77,8 @@ def log_lines(log: Path) -> list[str]:
 
 # ---------------------------------------------------------------- child processes
 
-# A user's process: configured through the environment only; prints what it saw.
+# A user's process: configured through the environment only; compares the compiled
+# result with the interpreter's and prints what it saw.
 CHILD = """
 import json, sys
 import numpy as np
@@ -86,24 +87,27 @@ from polytile.runtime.toolchain import compiler_invocations
 
 job = json.loads(sys.argv[1])
 fn = pt.define(job["source"])[job["function"]]
+reference = pt.define(job["source"], backend="interp")[job["function"]]
 rng = np.random.default_rng(0)
 errors = []
 for shapes in job["calls"]:
-    a, b, c = (rng.standard_normal(s).astype(np.float32) for s in shapes)
-    want = np.maximum(a.astype(np.float64) @ b + c, 0).astype(np.float32)
-    got = fn(a, b, c)
+    args = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+    got, want = np.asarray(fn(*args), np.float64), np.asarray(reference(*args), np.float64)
     errors.append(float(np.linalg.norm(got - want) / max(np.linalg.norm(want), 1e-30)))
 print(json.dumps({"invocations": compiler_invocations(), "errors": errors}))
 """
 
 
 def run_child(tmp_path: Path, cache_dir: Path, cc: Path, source: str = MMB,
-              function: str = "mmb", calls: list[list[tuple[int, ...]]] | None = None
-              ) -> dict[str, Any]:
+              function: str = "mmb", calls: list[list[tuple[int, ...]]] | None = None,
+              hash_seed: int | None = None) -> dict[str, Any]:
     script = tmp_path / "child.py"
     script.write_text(CHILD)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("POLYTILE_")}
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("POLYTILE_") and k != "PYTHONHASHSEED"}
     env.update(POLYTILE_CACHE_DIR=str(cache_dir), POLYTILE_CC=str(cc))
+    if hash_seed is not None:
+        env["PYTHONHASHSEED"] = str(hash_seed)
     job = json.dumps({"source": source, "function": function, "calls": calls or [SHAPES]})
     done = subprocess.run([sys.executable, str(script), job], env=env, capture_output=True,
                           text=True, timeout=300, check=False)
@@ -136,6 +140,34 @@ def test_renamed_program_hits_the_cache_in_a_fresh_process(tmp_path: Path,
     assert renamed["invocations"] == 0
     assert log_lines(log) == cold
     assert len(cache_entries(cache_dir)) == 1
+
+
+SOFTMAX = """
+def softmax(float(N,C) X) -> (Y) {
+  mx(n) max=! X(n,c)
+  e(n,c) = exp(X(n,c) - mx(n))
+  s(n) +=! e(n,c)
+  Y(n,c) = e(n,c) / s(n)
+}
+"""
+
+
+def test_warm_start_does_not_depend_on_the_hash_seed(tmp_path: Path,
+                                                     cc: tuple[Path, Path]) -> None:
+    """The key hashes the optimized IR, so the passes must print the same IR in every
+    process: softmax's three temporaries, localized into the fused row loop, once came
+    out in set order, which PYTHONHASHSEED changes (seeds 1 and 3 gave two orders)."""
+    wrapper, log = cc
+    cache_dir = tmp_path / "cache"
+    calls = [[(5, 13)], [(3, 37)]]
+    run_child(tmp_path, cache_dir, wrapper, SOFTMAX, "softmax", calls, hash_seed=1)
+    cold = log_lines(log)
+    for seed in (3, 4):
+        warm = run_child(tmp_path, cache_dir, wrapper, SOFTMAX, "softmax", calls,
+                         hash_seed=seed)
+        assert warm["invocations"] == 0, f"PYTHONHASHSEED={seed} missed the cache"
+    assert log_lines(log) == cold
+    assert len(cache_entries(cache_dir)) == 2
 
 
 def test_truncated_shared_object_is_rebuilt(tmp_path: Path, cc: tuple[Path, Path]) -> None:
@@ -299,3 +331,52 @@ def test_names_the_lexer_refuses(name: str) -> None:
     can be a name in the first place."""
     with pytest.raises(ParseError):
         pt.define(f"def {name}(float(N) X) -> (Y) {{ Y(i) = X(i) }}", backend="interp")
+
+
+# ---------------------------------------------------------------- one key in every process
+
+DIGESTS = """
+import hashlib, json, sys
+sys.path.insert(0, sys.argv[1])
+from conformance.programs import CASES
+from ir.test_lowered_corpus import TARGETS, case_call, optimized
+from polytile.codegen.c import COptions, generate_c
+from polytile.ir.printer import format_function
+
+digests = {}
+for case in CASES:
+    call = case_call(case)
+    for target in TARGETS:
+        ir = optimized(call, target)
+        text = format_function(ir)
+        if target == TARGETS[0]:
+            text += generate_c(ir, COptions(symbol="polytile_kernel")).text
+        digests[f"{case.name} on {target}"] = hashlib.sha256(text.encode()).hexdigest()
+print(json.dumps(digests))
+"""
+
+
+def test_optimized_ir_and_c_are_the_same_in_every_process(tmp_path: Path) -> None:
+    """What the cache key hashes (the optimized IR) and what it stores (the C) must not
+    depend on the process: no iteration over sets or dicts keyed by id() in the passes
+    or the code generator. Two processes with other hash seeds, every corpus program,
+    every target."""
+    script = tmp_path / "digests.py"
+    script.write_text(DIGESTS)
+    tests_dir = str(Path(__file__).resolve().parent)
+    children = []
+    for seed in (1, 3):
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONHASHSEED"}
+        env.update(PYTHONHASHSEED=str(seed), POLYTILE_CACHE_DIR=str(tmp_path / "cache"))
+        children.append(subprocess.Popen([sys.executable, str(script), tests_dir], env=env,
+                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                         text=True))
+    results = []
+    for child in children:
+        out, err = child.communicate(timeout=600)
+        assert child.returncode == 0, err
+        results.append(json.loads(out.splitlines()[-1]))
+    first, second = results
+    assert len(first) >= 300
+    differ = sorted(k for k in first if first[k] != second.get(k))
+    assert not differ, differ

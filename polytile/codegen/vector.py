@@ -25,7 +25,7 @@ no guards.
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from polytile import dtypes
@@ -59,6 +59,7 @@ class _Plan:
     vec_range: int
     vec_is_reduction: bool
     agg: str
+    bounds: dict[str, str] = field(default_factory=dict)   # looped index -> C upper bound
 
 
 def _tag(blk: Block, key: str) -> list[str]:
@@ -133,13 +134,15 @@ def emit(w: "_FunctionWriter", blk: Block, outer: Scope) -> list[str] | None:
 
 
 def _unroll_counts(blk: Block, p: _Plan, idx: dict[str, Affine]) -> dict[str, str] | None:
-    """When every constraint is an upper bound on one unrolled index (a boundary
-    register tile), the C expression of how many values of each such index run."""
+    """When every constraint is an upper bound on one unrolled or looped index (a
+    boundary tile), the C expression of how many values of each such index run;
+    looped indices get it as their loop bound (`p.bounds`)."""
     counts: dict[str, str] = {}
     loops = {i.name for i in blk.idxs if i.affine is None and i.range > 1}
+    looped = {n for n, _ in p.par_loops + p.red_loops}
     for c in blk.constraints:
         own = [n for n in c.names if n in loops]
-        if len(own) != 1 or own[0] not in p.unroll or c.coeff(own[0]) >= 0:
+        if len(own) != 1 or own[0] not in set(p.unroll) | looped or c.coeff(own[0]) >= 0:
             return None
         x = own[0]
         a = -c.coeff(x)
@@ -150,6 +153,8 @@ def _unroll_counts(blk: Block, p: _Plan, idx: dict[str, Affine]) -> dict[str, st
         r = c_affine(rest)
         bound = f"(({r}) >= 0 ? ({r}) / {a} + 1 : 0)"
         counts[x] = f"pt_imin({counts[x]}, {bound})" if x in counts else bound
+    for x in looped & set(counts):
+        p.bounds[x] = counts.pop(x)
     return counts
 
 
@@ -220,14 +225,20 @@ class _Emitter:
             body = self.outer_product(idx, combos)
         inner = body
         # the reduction loops sit inside `body` already; wrap the parallel loops
-        for var, (_, rng) in reversed(list(zip(par_vars, p.par_loops))):
-            inner = [f"for (int64_t {var} = 0; {var} < {rng}; {var}++) {{"] + _ind(inner) + ["}"]
+        for var, (name, rng) in reversed(list(zip(par_vars, p.par_loops))):
+            inner = ([f"for (int64_t {var} = 0; {var} < {self._hi(name, rng)}; {var}++) {{"]
+                     + _ind(inner) + ["}"])
         return ["{"] + _ind(inner) + ["}"]
+
+    def _hi(self, name: str, rng: int) -> str:
+        bound = self.p.bounds.get(name)
+        return str(rng) if bound is None else f"pt_imin({rng}, {bound})"
 
     def _red_loops(self, idx: dict[str, Affine], body: list[str]) -> list[str]:
         for (name, rng) in reversed(self.p.red_loops):
             var = c_affine(idx[name])
-            body = [f"for (int64_t {var} = 0; {var} < {rng}; {var}++) {{"] + _ind(body) + ["}"]
+            body = ([f"for (int64_t {var} = 0; {var} < {self._hi(name, rng)}; {var}++) {{"]
+                    + _ind(body) + ["}"])
         return body
 
     def outer_product(self, idx: dict[str, Affine], combos: list[dict[str, int]]) -> list[str]:

@@ -156,7 +156,7 @@ def _localize(body: N.Block, temps: set[str]) -> N.Block:
                 users.setdefault(r.from_, []).append(k)
     stmts = list(body.stmts)
     moved: set[str] = set()
-    for name in temps:
+    for name in (r.into for r in body.refs if r.into in temps):   # deterministic order
         ks = set(users.get(name, []))
         if len(ks) != 1:
             continue

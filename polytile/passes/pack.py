@@ -14,7 +14,9 @@ index is innermost, and the kernel reads the copy:
       in p1[n, k] )                                  block s0 [m:M, n:N, k:K] (
                                                        ... in p1 <- p1_packed[k, n] (stride 1 in n) )
 
-Reuse pays when the operand is read at least `min_reuse` times per element.
+Reuse pays when the operand is read at least `min_reuse` times per element; the
+copy pays when the reduction is short (at most `max_reduction` steps), where a
+dot-product kernel would spend much of its time in horizontal sums.
 """
 from __future__ import annotations
 
@@ -37,8 +39,8 @@ def _unit(ref: N.Refinement, index: str) -> int | None:
     return dims[0]
 
 
-def _plan(block: N.Block, top: dict[str, N.Refinement], lanes: int,
-          min_reuse: int) -> tuple[str, list[tuple[N.Refinement, int]]] | None:
+def _plan(block: N.Block, top: dict[str, N.Refinement], lanes: int, min_reuse: int,
+          max_reduction: int) -> tuple[str, list[tuple[N.Refinement, int]]] | None:
     """(vector index, [(input ref, dimension to make innermost)]) or None."""
     outs = [r for r in block.refs if r.dir in ("out", "inout")]
     if len(outs) != 1 or any(isinstance(s, N.Block) for s in block.stmts):
@@ -49,6 +51,9 @@ def _plan(block: N.Block, top: dict[str, N.Refinement], lanes: int,
     out = outs[0]
     if not out.shape.dims or out.shape.dims[-1].stride != 1:
         return None
+    reduction = math.prod(r for n, r in ranges.items() if not _is_parallel(block, n))
+    if reduction > max_reduction:
+        return None     # long reductions amortize a dot-product kernel's horizontal sums
     v = next((n for n in ranges if _unit(out, n) == len(out.access) - 1), None)
     if v is None or ranges[v] < lanes or not _is_parallel(block, v):
         return None
@@ -75,6 +80,7 @@ def pack(fn: N.Function, target: Target, params: dict[str, Any]) -> N.Function:
     if not params.get("enabled", True):
         return fn
     min_reuse = int(params.get("min_reuse", 4))
+    max_reduction = int(params.get("max_reduction", 256))
     top = {r.into: r for r in fn.body.refs}
     new_refs = list(fn.body.refs)
     stmts: list[N.Statement] = []
@@ -84,7 +90,7 @@ def pack(fn: N.Function, target: Target, params: dict[str, Any]) -> N.Function:
             stmts.append(s)
             continue
         lanes = target.vector_bytes // max(1, (s.refs[0].shape.dtype.bits // 8))
-        plan = _plan(s, top, lanes, min_reuse)
+        plan = _plan(s, top, lanes, min_reuse, max_reduction)
         if plan is None:
             stmts.append(s)
             continue
@@ -125,7 +131,7 @@ def _copy_block(source: N.Refinement, name: str, order: list[int],
     dst = N.Refinement("out", name, name, tuple(N.Affine.index(f"a{k}") for k in order),
                        N.TensorShape(shape.dtype, tuple(N.Dim(1, d.stride) for d in shape.dims)))
     stmts = (N.Load("$x", source.into), N.Store(name, "$x"))
-    return N.Block(f"pack_{name}", idxs, (), (src, dst), stmts, frozenset({"pack"}))
+    return N.Block(f"pack_{name}", idxs, (), (src, dst), stmts, frozenset({"kernel", "pack"}))
 
 
 PASSES["pack"] = pack

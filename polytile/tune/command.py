@@ -92,6 +92,7 @@ def run_cache(args: argparse.Namespace) -> int:
             sys.stdout.write(text + "\n")
         else:
             from pathlib import Path
+
             from polytile.runtime.files import atomic_write_bytes
             atomic_write_bytes(Path(args.file), (text + "\n").encode())
             print(f"exported {len(data['best'])} tuned entries and "

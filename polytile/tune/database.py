@@ -35,7 +35,7 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -112,7 +112,7 @@ def host_name() -> str:
 
 
 def now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="microseconds")
+    return datetime.now(UTC).isoformat(timespec="microseconds")
 
 
 class TuningDatabase:
@@ -123,7 +123,7 @@ class TuningDatabase:
         self.path = Path(path)
 
     @staticmethod
-    def of(config: Config) -> "TuningDatabase":
+    def of(config: Config) -> TuningDatabase:
         return TuningDatabase(config.cache_dir / DB_NAME)
 
     # ------------------------------------------------------------ connections

@@ -35,7 +35,7 @@ import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Self
 
 from polytile.config import Config
 from polytile.sema.specialize import Specialized
@@ -162,7 +162,7 @@ class Runner:
         self._proc: subprocess.Popen[bytes] | None = None
         self._stderr: Any = None
 
-    def __enter__(self) -> "Runner":
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -199,7 +199,8 @@ class Runner:
         return reply  # type: ignore[no-any-return]
 
     def _start(self) -> None:
-        self._stderr = tempfile.TemporaryFile()
+        # Kept open for the process's lifetime: a crash report reads its tail.
+        self._stderr = tempfile.TemporaryFile()  # noqa: SIM115
         command = [sys.executable, "-c", "from polytile.tune.runner import main; main()"]
         self._proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                       stderr=self._stderr, bufsize=0)

@@ -31,7 +31,7 @@ class Options:
     passes: tuple[tuple[str, Any], ...] = ()            # "pass.param" -> value, sorted
 
     @staticmethod
-    def of(schedules: dict[str, Schedule], passes: dict[str, Any] | None = None) -> "Options":
+    def of(schedules: dict[str, Schedule], passes: dict[str, Any] | None = None) -> Options:
         return Options(tuple(sorted(schedules.items())), tuple(sorted((passes or {}).items())))
 
     def schedule(self, block: str) -> Schedule | None:
@@ -58,7 +58,7 @@ class Options:
         return json.dumps(self.to_json(), sort_keys=True)
 
     @staticmethod
-    def from_json(data: Any) -> "Options":
+    def from_json(data: Any) -> Options:
         """An Options from `to_json` output (or a hand-written entry); ArgumentError
         says what is wrong with it."""
         if isinstance(data, str):

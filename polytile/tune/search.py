@@ -166,11 +166,11 @@ def _first_population(run: _Run, rng: random.Random, seeds: Sequence[Point]) -> 
             population.append(tuple(p))
             keys.add(key)
     while len(population) < run.settings.population:
-        p = _valid_random(run, rng, keys)
-        if p is None:
+        drawn = _valid_random(run, rng, keys)
+        if drawn is None:
             break
-        population.append(p)
-        keys.add(run.space.canonical(p))
+        population.append(drawn)
+        keys.add(run.space.canonical(drawn))
     return population
 
 

@@ -53,6 +53,7 @@ class TuneSettings:
     elites: int = 2
     seed: int = 0
     similar: int = 4                   # best entries of similar programs used as seeds
+    start: tuple[Options, ...] = ()    # more starting points (TC §6.2: predefined strategies)
     workers: int = 0                   # compile processes; 0: one per core
     build_timeout: float = 120.0
     run: RunSettings = field(default_factory=RunSettings)
@@ -61,7 +62,7 @@ class TuneSettings:
     progress: bool = True
 
     @staticmethod
-    def of(budget: Any = None, candidates: int | None = None, **kw: Any) -> "TuneSettings":
+    def of(budget: Any = None, candidates: int | None = None, **kw: Any) -> TuneSettings:
         """Settings from keywords: `budget` as seconds or "90s" / "2m" / "1h",
         `candidates` for max_candidates, RunSettings fields (timeout, repeats, ...)
         by name, or `run_timeout` for RunSettings.timeout."""
@@ -78,6 +79,9 @@ class TuneSettings:
             kw["budget_seconds"] = parse_budget(budget)
         if candidates is not None:
             kw["max_candidates"] = int(candidates)
+        if "start" in kw:
+            kw["start"] = tuple(o if isinstance(o, Options) else Options.from_json(o)
+                                for o in kw["start"])
         settings = TuneSettings(**kw)
         if run_kw:
             settings = dataclasses.replace(settings,
@@ -155,7 +159,7 @@ def tune_spec(compiler: Compiler, spec: Specialized, inputs: dict[str, np.ndarra
     key = compiler.tuning_key(spec, lowered)
     own = db.best(key)
     similar = db.similar(key, settings.similar)
-    known = ([own.options] if own else []) + [e.options for e in similar]
+    known = list(settings.start) + ([own.options] if own else []) + [e.options for e in similar]
     space = build_space(lowered, compiler.target, known)
     seeds = [space.default_point] + [space.encode(o) for o in known]
     name = spec.fn.name

@@ -1,0 +1,102 @@
+"""autotile (polytile/passes/autotile.py) with the cpu-avx512 and cpu-generic targets:
+golden text of the chosen schedules, and the same results from the IR interpreter at
+sizes that no tile divides. The heuristics count the host's cores; the tests fix them
+at 2 so that the golden text does not depend on the machine running the tests."""
+from __future__ import annotations
+
+import pytest
+
+from polytile.ir import nodes as N
+from polytile.passes import autotile as autotile_module
+from polytile.passes.autotile import autotile, choose_schedule
+from polytile.passes.fuse import fuse
+
+from .helpers import block, check_pass, lowered, target
+
+TARGETS = ("cpu-avx512", "cpu-generic")
+
+PROGRAMS = {
+    "mm": ("def mm(float(M,K) A, float(K,N) B) -> (C) {\n  C(m,n) +=! A(m,k) * B(k,n)\n}\n",
+           {"A": (37, 45), "B": (45, 67)}, {}),
+    "tmm": ("def tmm(float(M,K) A, float(N,K) B) -> (C) {\n  C(m,n) +=! A(m,kk) * B(n,kk)\n}\n",
+            {"A": (37, 53), "B": (29, 53)}, {}),
+    "elementwise": (("def act(float(M,N) X, float(N) b) -> (Y) {\n"
+                    "  Y(i,j) = tanh(X(i,j) + b(j)) * exp(-X(i,j))\n}\n"),
+                    {"X": (23, 45), "b": (45,)}, {}),
+    "gather": (("def lut(float(E,D) LUT, int(B,L) I) -> (O) {\n"
+               "  O(i,j) +=! LUT(I(i,k), j)\n}\n"),
+               {"LUT": (11, 37), "I": (7, 3)}, {"I": 11}),
+    "rowmax": ("def rowmax(float(M,N) X) -> (Y) {\n  Y(i) max=! X(i,j)\n}\n",
+               {"X": (19, 45)}, {}),
+}
+
+
+@pytest.fixture(autouse=True)
+def two_cores(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(autotile_module, "_cores", lambda: 2)
+
+
+def leaves(b: N.Block) -> list[N.Block]:
+    inner = [s for s in b.stmts if isinstance(s, N.Block)]
+    return [b] if not inner else [leaf for s in inner for leaf in leaves(s)]
+
+
+@pytest.mark.parametrize("target_name", TARGETS)
+@pytest.mark.parametrize("program", sorted(PROGRAMS))
+def test_autotile(program: str, target_name: str) -> None:
+    source, shapes, int_high = PROGRAMS[program]
+    before = lowered(source, shapes)
+    after = autotile(before, target(target_name), {})
+    check_pass(f"autotile_{program}_{target_name}", before, after, int_high=int_high)
+
+
+@pytest.mark.parametrize("target_name", TARGETS)
+def test_vector_width_follows_the_target(target_name: str) -> None:
+    source, shapes, _ = PROGRAMS["mm"]
+    kernel = block(lowered(source, shapes), "s0")
+    schedule = choose_schedule(kernel, target(target_name))
+    lanes = target(target_name).vector_bytes // 4
+    assert schedule.vector == "n" and schedule.lanes == lanes
+    assert dict(schedule.unroll).get("m", 1) > 1          # A's loads reused across n
+
+
+def test_tmm_vectorizes_the_reduction_and_gathers_do_not_vectorize_the_index() -> None:
+    generic = target("cpu-generic")
+    source, shapes, _ = PROGRAMS["tmm"]
+    assert choose_schedule(block(lowered(source, shapes), "s0"), generic).vector == "kk"
+    source, shapes, _ = PROGRAMS["gather"]
+    schedule = choose_schedule(block(lowered(source, shapes), "s0"), generic)
+    assert schedule.vector != "k"                     # k feeds the data-dependent subscript
+
+
+@pytest.mark.parametrize("target_name", TARGETS)
+def test_autotile_after_fuse(target_name: str) -> None:
+    """Members of a fused row loop are vectorized in place; the row loop is what runs
+    in parallel (here too little work for that)."""
+    softmax = """
+def softmax(float(N,C) X) -> (Y) {
+  mx(n) max=! X(n,c)
+  e(n,c) = exp(X(n,c) - mx(n))
+  s(n) +=! e(n,c)
+  Y(n,c) = e(n,c) / s(n)
+}
+"""
+    t = target(target_name)
+    before = fuse(lowered(softmax, {"X": (7, 45)}), t, {})
+    after = autotile(before, t, {})
+    (fused,) = [s for s in after.body.stmts if isinstance(s, N.Block)]
+    assert "fused" in fused.tags and "parallel" not in fused.tags
+    assert any(t.startswith("vec=") for leaf in leaves(fused) for t in leaf.tags)
+    check_pass(f"autotile_fused_softmax_{target_name}", before, after)
+
+
+def test_given_schedules_replace_the_heuristics() -> None:
+    from polytile.passes.schedule import Schedule
+    source, shapes, _ = PROGRAMS["mm"]
+    before = lowered(source, shapes)
+    given = Schedule(tiles=(("m", 5),), parallel=False)
+    after = autotile(before, target("cpu-generic"), {"schedules": {"s0": given}})
+    s0 = block(after, "s0")
+    assert [i.name for i in s0.idxs] == ["m_c"] and "parallel" not in s0.tags
+    from .helpers import assert_same_meaning
+    assert_same_meaning(before, after)

@@ -1,0 +1,118 @@
+"""fuse (polytile/passes/fuse.py), including localize: statements sharing the outer
+parallel index become one row loop; temporaries used only there shrink to one row.
+Golden text before and after, and the same results from the IR interpreter."""
+from __future__ import annotations
+
+from polytile.ir import nodes as N
+from polytile.passes.fuse import fuse
+
+from .helpers import check_pass, lowered, target
+
+GENERIC = target("cpu-generic")
+
+SOFTMAX = """
+def softmax(float(N,C) X) -> (Y) {
+  mx(n) max=! X(n,c)
+  e(n,c) = exp(X(n,c) - mx(n))
+  s(n) +=! e(n,c)
+  Y(n,c) = e(n,c) / s(n)
+}
+"""
+
+
+def top_blocks(fn: N.Function) -> list[N.Block]:
+    return [s for s in fn.body.stmts if isinstance(s, N.Block)]
+
+
+def test_softmax_becomes_one_row_loop_with_local_temporaries() -> None:
+    before = lowered(SOFTMAX, {"X": (5, 13)})
+    after = fuse(before, GENERIC, {})
+    (fused,) = top_blocks(after)
+    assert "fused" in fused.tags and len(fused.stmts) == 6
+    local = [r for r in fused.refs if r.dir == "none"]
+    # Declaration order, whatever the process's hash seed.
+    assert [r.into for r in local] == ["mx", "e", "s"]
+    assert all(r.location == "local" and r.shape.sizes[0] == 1 for r in local)
+    assert not [r for r in after.body.refs if r.dir == "none"]
+    check_pass("fuse_softmax", before, after)
+
+
+def test_fcrelu_init_reduction_bias_relu_in_one_kernel() -> None:
+    fcrelu = """
+def fcrelu(float(B,I) in, float(O,I) weight, float(I) bias) -> (out) {
+  out(i,j) = bias(j)
+  out(b,o) += in(b,i) * weight(o,i)
+  out(i,j) = fmaxf(out(i,j), 0)
+}
+"""
+    before = lowered(fcrelu, {"in": (7, 5), "weight": (5, 5), "bias": (5,)})
+    after = fuse(before, GENERIC, {})
+    (fused,) = top_blocks(after)
+    assert [m.name for m in fused.stmts if isinstance(m, N.Block)] == ["s0", "s1", "s2"]
+    check_pass("fuse_fcrelu", before, after)
+
+
+def test_layernorm_with_a_scalar_argument() -> None:
+    layernorm = """
+def layernorm(float(N,D) X, float(D) g, float(D) b, float eps) -> (Y) {
+  mean(n) +=! X(n,d) / D
+  xc(n,d) = X(n,d) - mean(n)
+  var(n) +=! xc(n,d) * xc(n,d) / D
+  Y(n,d) = xc(n,d) / sqrt(var(n) + eps) * g(d) + b(d)
+}
+"""
+    before = lowered(layernorm, {"X": (4, 11), "g": (11,), "b": (11,)})
+    after = fuse(before, GENERIC, {})
+    assert len(top_blocks(after)) == 1
+    check_pass("fuse_layernorm", before, after)
+
+
+def test_transposed_read_is_not_fused() -> None:
+    """Row i of the second statement reads column i of t, written by every row of the
+    first: isl finds the conflict, and the statements stay apart (t stays global)."""
+    source = """
+def twice(float(N,N) X) -> (Y) {
+  t(i,j) = X(i,j) * 2
+  Y(i,j) = t(j,i) + X(i,j)
+}
+"""
+    before = lowered(source, {"X": (6, 6)})
+    after = fuse(before, GENERIC, {})
+    assert after == before
+    check_pass("fuse_blocked_by_transpose", before, after)
+
+
+def test_different_row_ranges_end_a_group() -> None:
+    """Row sums over i (5 rows), then column sums, whose row loop is j (7 rows): two
+    row loops."""
+    source = """
+def sums(float(M,N) X) -> (R, C) {
+  t(i,j) = X(i,j) * X(i,j)
+  R(i) +=! t(i,j)
+  C(j) +=! X(i,j)
+}
+"""
+    before = lowered(source, {"X": (5, 7)})
+    after = fuse(before, GENERIC, {})
+    blocks = top_blocks(after)
+    assert [(b.name, b.idxs[0].range) for b in blocks] == [("fused_0", 5), ("fused_1", 7)]
+    assert [m.name for m in blocks[1].stmts if isinstance(m, N.Block)] == ["s2_init", "s2"]
+    check_pass("fuse_different_rows", before, after)
+
+
+def test_weights_shared_by_every_row_keep_their_own_loop_nest() -> None:
+    """A contraction whose shared input is larger than the L1 budget is not fusible."""
+    mm = """
+def mmrelu(float(M,K) A, float(K,N) B) -> (C) {
+  C(m,n) +=! A(m,k) * B(k,n)
+  C(m,n) = fmaxf(C(m,n), 0)
+}
+"""
+    before = lowered(mm, {"A": (3, 128), "B": (128, 96)})   # B: 48 KiB > 16 KiB
+    after = fuse(before, GENERIC, {})
+    assert not any("fused" in b.tags for b in top_blocks(after))
+
+
+def test_strategy_none_changes_nothing() -> None:
+    before = lowered(SOFTMAX, {"X": (5, 13)})
+    assert fuse(before, GENERIC, {"strategy": "none"}) is before

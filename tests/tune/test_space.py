@@ -1,0 +1,110 @@
+"""The tuning space: Options values, the default point, pruning and repair."""
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from polytile.bench.workloads import full_set, quick_set
+from polytile.compile import Compiler
+from polytile.config import Config
+from polytile.errors import ArgumentError
+from polytile.ir.lower import lower
+from polytile.ir.printer import format_function
+from polytile.lang.parser import parse
+from polytile.passes.schedule import Schedule
+from polytile.sema.analyze import analyze
+from polytile.sema.canonical import canonical
+from polytile.sema.specialize import specialize
+from polytile.targets.target import load_target, select_target
+from polytile.tune.options import Options
+from polytile.tune.space import build_space, tile_sizes
+
+# Every quick workload, and the full-size contractions (whose inputs are cheap to make).
+WORKLOADS = {w.name: w for w in quick_set() + [w for w in full_set()
+                                               if w.key in ("tmm", "tbmm", "MLP3")]}
+
+
+def _spec(workload):  # type: ignore[no-untyped-def]
+    import numpy as np
+    fn = next(f for f in analyze(parse(workload.tc)).functions if f.name == workload.function)
+    args = workload.make_inputs(np.random.default_rng(0))
+    shapes = {p.name: a.shape for p, a in zip(fn.params, args) if p.kind == "input"}
+    return specialize(fn, shapes, {})
+
+
+def test_options_round_trip_through_json() -> None:
+    options = Options.of({"s0": Schedule("i2", 16, (("i0", 4), ("i1", 3)), 1,
+                                         (("i0", 64), ("i1", 96)), True),
+                          "s0_init": Schedule(None, 1, (), 1, (), False)},
+                         {"fuse.strategy": "none", "pack.enabled": False})
+    back = Options.from_json(options.dumps())
+    assert back == options
+    assert back.text() == options.text()
+    assert options.pass_options()["autotile.schedules"]["s0"].unroll == (("i0", 4), ("i1", 3))
+
+
+@pytest.mark.parametrize("bad, message", [
+    ('{"schedules": {"s0": {"vector": 3}}}', "vector"),
+    ('{"schedules": {"s0": {"unroll": [["i0", 0]]}}}', "positive"),
+    ('{"schedules": {"s0": {"tile": []}}}', "unknown fields"),
+    ('{"passes": {"strategy": "rows"}}', "pass.param"),
+    ('{"format": 7}', "format"),
+    ("[1, 2]", "JSON object"),
+    ("{", "not valid JSON"),
+])
+def test_malformed_options_are_argument_errors(bad: str, message: str) -> None:
+    with pytest.raises(ArgumentError, match=message):
+        Options.from_json(bad)
+
+
+@pytest.mark.parametrize("name", sorted(WORKLOADS))
+def test_the_default_point_compiles_to_the_heuristics_ir(name: str) -> None:
+    spec = _spec(WORKLOADS[name])
+    target = select_target()
+    space = build_space(lower(canonical(spec)), target)
+    assert space.decode(space.default_point) == space.default
+    assert space.encode(space.default) == space.default_point
+    config = Config(cache_dir=__import__("pathlib").Path("/nonexistent"))
+    plain = Compiler(config, target).ir(spec)
+    tuned = Compiler(config, target, options=space.default.pass_options()).ir(spec)
+    assert format_function(tuned) == format_function(plain)
+
+
+def test_tile_sizes_are_powers_of_two_and_ceil_divisors() -> None:
+    sizes = tile_sizes(130)
+    assert {1, 2, 64, 128, 130, 65, 44, 33} <= set(sizes)
+    assert max(sizes) == 130
+
+
+@pytest.mark.parametrize("target_name", ["cpu-avx2", "cpu-avx512"])
+def test_decoded_points_are_valid_and_repaired(target_name: str) -> None:
+    from dataclasses import replace
+    target = replace(load_target(target_name), features=frozenset())
+    spec = _spec(WORKLOADS["tmm 1024x1024x1024"])
+    space = build_space(lower(canonical(spec)), target)
+    rng = random.Random(0)
+    decoded = [space.decode(space.random_point(rng)) for _ in range(300)]
+    valid = [o for o in decoded if o is not None]
+    assert 30 < len(valid) < 300          # some pruned, most kept
+    for options in valid:
+        for name, s in options.schedules:
+            accumulators = math.prod(f for _, f in s.unroll) * s.vectors
+            assert accumulators <= target.vector_registers - 4
+            assert s.lanes == target.vector_bytes // 4
+            unroll = dict(s.unroll)
+            for index, size in s.tiles:
+                assert 1 <= size < 1024
+                step = s.lanes * s.vectors if index == s.vector else unroll.get(index, 1)
+                assert size % step == 0, (name, s)
+
+
+def test_genes_take_the_values_of_extra_options() -> None:
+    spec = _spec(WORKLOADS["tmm 128x32x256"])
+    seed = Options.of({"s0": Schedule("i1", 16, (("i0", 7),), 1, (("i0", 77),), True)})
+    space = build_space(lower(canonical(spec)), select_target(), [seed])
+    genes = {g.name: g.values for g in space.genes}
+    assert 7 in genes["s0.unroll.i0"] and 77 in genes["s0.tile.i0"]
+    point = space.encode(seed)
+    assert space.value(point, "s0.unroll.i0") == 7
