@@ -25,6 +25,7 @@ no guards.
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
@@ -114,6 +115,7 @@ def emit(w: "_FunctionWriter", blk: Block, outer: Scope) -> list[str] | None:
     if p is None:
         return None
     w.vector_lanes = p.lanes
+    p = _memory_order(p, blk, outer)
     idx: dict[str, Affine] = {}
     for ix in blk.idxs:
         if ix.affine is not None:
@@ -131,6 +133,28 @@ def emit(w: "_FunctionWriter", blk: Block, outer: Scope) -> list[str] | None:
     scalar = w.block(replace(blk, tags=blk.tags - {"regtile"}), outer)
     return ([f"/* block {safe(blk.name)}: vector code for full tiles */", f"if ({full}) {{"]
             + _ind(body) + ["} else {"] + _ind(scalar) + ["}"])
+
+
+def _memory_order(p: _Plan, blk: Block, outer: Scope) -> _Plan:
+    """Loop order that streams the largest input in memory order (largest stride
+    outermost). Accumulators stay in registers across the innermost run of reduction
+    loops; a reduction loop placed outside a parallel one aggregates into memory
+    after each of its iterations instead (batch norm's statistics: c inside n)."""
+    inputs = [r for r in blk.refs if r.dir == "in" and r.from_ in outer.views]
+    if not inputs:
+        return p
+    big = max(inputs, key=lambda r: math.prod(d.size for d in outer.views[r.from_].dims))
+    dims = outer.views[big.from_].dims
+
+    def stride(name: str) -> int:
+        return sum(abs(a.coeff(name)) * d.stride for a, d in zip(big.access, dims))
+
+    loops = sorted(p.par_loops + p.red_loops, key=lambda x: -stride(x[0]))
+    reductions = {n for n, _ in p.red_loops}
+    split = len(loops)
+    while split > 0 and loops[split - 1][0] in reductions:
+        split -= 1
+    return replace(p, par_loops=loops[:split], red_loops=loops[split:])
 
 
 def _unroll_counts(blk: Block, p: _Plan, idx: dict[str, Affine]) -> dict[str, str] | None:

@@ -28,7 +28,7 @@ from .helpers import (
     with_block,
 )
 
-SETTINGS = settings(max_examples=400, deadline=None,
+SETTINGS = settings(max_examples=40, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow])
 INDEX_NAMES = "ijkl"
 
