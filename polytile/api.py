@@ -44,12 +44,16 @@ def define(source: str, backend: str = "c", name: str = "<tc>", target: str | No
     if backend == "c":
         from polytile.compile import Compiler
         compiled = Compiler(config, select_target(target or config.target),
-                            tuned=None if config.ignore_tuned else _tuned_lookup(config))
+                            tuned=tuned_lookup(config))
     return Module(source, program, backend, compiled)
 
 
-def _tuned_lookup(config: Config) -> "TunedLookup":
-    """Compiler(tuned=...): the tuning database's best options for a key."""
+def tuned_lookup(config: Config) -> "TunedLookup | None":
+    """Compiler(tuned=...): the tuning database's best options for a key (None when
+    config.ignore_tuned)."""
+    if config.ignore_tuned:
+        return None
+
     def lookup(key: "TuningKey") -> dict[str, Any] | None:
         from polytile.tune.database import lookup as find
         return find(config, key)

@@ -96,8 +96,12 @@ def cmd_show(args: argparse.Namespace) -> int:
         from polytile.ir.printer import format_function as format_ir
         from polytile.targets.target import select_target
 
+        from polytile.api import tuned_lookup
+
         config = load_config()
-        compiler = Compiler(config, select_target(args.target or config.target))
+        # What a call would compile: with the tuned options, if any.
+        compiler = Compiler(config, select_target(args.target or config.target),
+                            tuned=tuned_lookup(config))
         ir = compiler.ir(_specialize(fn, args.sizes))
         if args.stage == "ir":
             print(format_ir(ir))

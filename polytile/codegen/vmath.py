@@ -24,6 +24,13 @@ def vector_math(lanes: int) -> str:
     """C definitions of the vector types and math for `lanes` float32 lanes."""
     nbytes = 4 * lanes
     splat = ", ".join(["x"] * lanes)
+    # AVX-512 masked moves exist for 16 float lanes; other widths copy lane by lane.
+    masked_load = masked_store = ""
+    if lanes == 16:
+        masked_load = ("#if defined(__AVX512F__)\n  return (pt_vf)_mm512_maskz_loadu_ps("
+                       "(__mmask16)((1u << n) - 1u), p);\n#endif")
+        masked_store = ("#if defined(__AVX512F__)\n  _mm512_mask_storeu_ps(p, (__mmask16)"
+                        "((1u << n) - 1u), (__m512)v);\n  return;\n#endif")
     fold = " ".join(_halve("v", lanes, width, "v = v op h;") for width in _halvings(lanes))
     fold_max = " ".join(_halve("v", lanes, w, "v = pt_vmax_nan(v, h);") for w in _halvings(lanes))
     fold_min = " ".join(_halve("v", lanes, w, "v = pt_vmin_nan(v, h);") for w in _halvings(lanes))
@@ -46,17 +53,13 @@ static inline pt_vi pt_viota(void) {{
 }}
 /* First n lanes from p, the rest 0; never touches memory past p[n-1]. */
 static inline pt_vf pt_vload_n(const float *p, int64_t n) {{
-#if defined(__AVX512F__)
-  if ({lanes} == 16) return (pt_vf)_mm512_maskz_loadu_ps((__mmask16)((1u << n) - 1u), p);
-#endif
+{masked_load}
   pt_vf v = {{0}};
   for (int64_t l = 0; l < n; l++) v[l] = p[l];
   return v;
 }}
 static inline void pt_vstore_n(float *p, pt_vf v, int64_t n) {{
-#if defined(__AVX512F__)
-  if ({lanes} == 16) {{ _mm512_mask_storeu_ps(p, (__mmask16)((1u << n) - 1u), (__m512)v); return; }}
-#endif
+{masked_store}
   for (int64_t l = 0; l < n; l++) p[l] = v[l];
 }}
 static inline pt_vf pt_vload(const float *p) {{ return *(const pt_vf_u *)p; }}

@@ -56,7 +56,9 @@ def contiguous(dtype: DType, shape: tuple[int, ...]) -> N.TensorShape:
 
 def ir_name(name: str) -> str:
     """TC names may start with a digit (`2LUT`); IR names are identifiers."""
-    return name if _NAME.match(name) else "t_" + name
+    # One-to-one: a name that already starts with the prefix gets it once more, so
+    # `2LUT` (-> t_2LUT) and `t_2LUT` (-> t_t_2LUT) stay apart.
+    return name if _NAME.match(name) and not name.startswith("t_") else "t_" + name
 
 
 def lower(spec: Specialized) -> N.Function:

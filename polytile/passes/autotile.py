@@ -32,7 +32,9 @@ from polytile.passes.schedule import Schedule, apply_schedule, _is_parallel
 from polytile.targets.target import Target
 
 VECTOR_DTYPES = ("float32", "float64", "int32", "int64")
-PARALLEL_MIN_WORK = 1 << 16      # iterations below which a kernel runs on one thread
+PARALLEL_MIN_WORK = 1 << 20      # iterations below which a kernel runs on one thread:
+# waking OpenMP workers costs microseconds on an idle machine and up to a scheduler
+# time slice on a busy one, so small kernels stay serial.
 
 
 def vector_candidates(block: N.Block) -> list[str]:

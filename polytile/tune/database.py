@@ -155,9 +155,9 @@ class TuningDatabase:
     # ------------------------------------------------------------ writes
     def record(self, key: TuningKey, function: str, measurements: Sequence[Measurement],
                run: str, default_median: float | None = None, *,
-               replace_best: bool = False) -> None:
+               best: Measurement | None = None) -> None:
         """Store measured candidates and update the key's best entry, atomically: to the
-        fastest of them if it beats the entry, or regardless with `replace_best` (a
+        fastest of them if it beats the entry, or to `best` regardless (the winner of a
         confirmation that measured the contenders side by side)."""
         host, created = host_name(), now()
         with self._connect(write=True) as conn:
@@ -172,11 +172,15 @@ class TuningDatabase:
                     (digest, m.options.text(), m.options.dumps(), m.status, m.median, m.spread,
                      m.detail[:2000], host, created, run))
             ok = [m for m in measurements if m.status == "ok" and m.median is not None]
-            if ok:
+            if best is not None:
+                conn.execute(_REPLACE_BEST, (digest, best.options.text(), best.options.dumps(),
+                                             best.median, default_median, "tuned", host,
+                                             created))
+            elif ok:
                 fastest = min(ok, key=lambda m: m.median or 0.0)
-                conn.execute(_REPLACE_BEST if replace_best else _UPSERT_BEST,
-                             (digest, fastest.options.text(), fastest.options.dumps(),
-                              fastest.median, default_median, "tuned", host, created))
+                conn.execute(_UPSERT_BEST, (digest, fastest.options.text(),
+                                            fastest.options.dumps(), fastest.median,
+                                            default_median, "tuned", host, created))
 
     def inject(self, key: TuningKey, options: Options, function: str = "") -> None:
         """A hand-written entry (TC §6.1): used by later calls until a tuner measures

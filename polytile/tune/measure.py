@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from typing import Any, Self
 
 from polytile.config import Config
+from polytile.errors import PolytileError
 from polytile.sema.specialize import Specialized
 from polytile.targets.target import Target
 from polytile.tune.options import Options
@@ -139,6 +140,9 @@ def build_all(job: BuildJob, candidates: Sequence[Options],
             elif future in done:
                 results[k] = Build(candidates[k], "compile-error",
                                    detail=f"build worker failed: {future.exception()}")
+    except BaseException:          # Ctrl-C: do not wait for the compiles in flight
+        _kill_workers(pool)
+        raise
     finally:
         if any(r is None for r in results):
             _kill_workers(pool)
@@ -213,7 +217,9 @@ class Runner:
         if ready != "ready":
             detail = self._stderr_tail()
             self._kill()
-            raise RuntimeError(f"the profiling process did not start: {detail}")
+            raise PolytileError(f"the profiling process did not start: {detail}",
+                                hint="run `python -c 'from polytile.tune.runner import main'` "
+                                     "to see why it cannot start")
 
     def _receive(self, timeout: float) -> Any:
         """The next reply, or None after `timeout` seconds; EOFError if the process died."""

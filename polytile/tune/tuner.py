@@ -58,7 +58,9 @@ class TuneSettings:
     build_timeout: float = 120.0
     run: RunSettings = field(default_factory=RunSettings)
     confirm: int = 3                   # best candidates measured again beside the default
-    confirm_rounds: int = 3
+    confirm_rounds: int = 5
+    confirm_share: float = 0.15        # of the budget, kept for the confirmation
+    min_gain: float = 0.03             # a winner must beat the default by this, confirmed
     progress: bool = True
 
     @staticmethod
@@ -172,11 +174,13 @@ def tune_spec(compiler: Compiler, spec: Specialized, inputs: dict[str, np.ndarra
     setup = _runner_setup(spec, inputs, scalars, outputs, settings.run)
     with Runner(setup) as runner:
         session.runner = runner
-        result = search(space, session.evaluate, settings.search(deadline - time.monotonic()),
-                        seeds, on_generation=lambda g, trials, best:
-                        session.progress.end_generation(g))
+        left = deadline - time.monotonic()
         if settings.confirm:
-            session.confirm(settings.confirm, settings.confirm_rounds)
+            left *= 1.0 - settings.confirm_share
+        result = search(space, session.evaluate, settings.search(left), seeds,
+                        on_generation=lambda g, trials, best: session.progress.end_generation(g))
+        if settings.confirm:
+            session.confirm(settings.confirm, settings.confirm_rounds, settings.min_gain)
     best = session.best_options
     return TuneResult(key, name, best, session.best_seconds if best else None, space.default,
                       session.default_seconds, session.progress.candidates,
@@ -257,10 +261,12 @@ class _Session:
         self.by_program[b.program] = (b, report)
         return report
 
-    def confirm(self, count: int, rounds: int) -> None:
+    def confirm(self, count: int, rounds: int, min_gain: float) -> None:
         """Measure the `count` fastest candidates and the default again, in turns, and
-        keep the fastest by that measurement: the search's best is the minimum of many
-        noisy medians, which flatters it (TC validates its cache entries the same way)."""
+        keep the fastest by that measurement (the default unless another beats it by
+        `min_gain`): the search's best is the minimum of many noisy medians, which
+        flatters it. TC validates its cache entries the same way. At least one round
+        runs; more while the budget lasts."""
         timed = [(r.median, b) for b, r in self.by_program.values()
                  if r.status == "ok" and r.median is not None and r.samples > 1]
         timed.sort(key=lambda t: t[0])
@@ -274,19 +280,26 @@ class _Session:
         medians: dict[str, list[float]] = {b.program: [] for b in contenders}
         spreads: dict[str, float | None] = {}
         for k in range(rounds):
+            if k and time.monotonic() >= self.deadline:
+                break
             for b in contenders[k % len(contenders):] + contenders[:k % len(contenders)]:
                 report = self.runner.run(b)
                 if report.status == "ok" and report.median is not None:
                     medians[b.program].append(report.median)
                     spreads[b.program] = report.spread
-        records = [Measurement(b.options, "ok", min(medians[b.program]),
-                               spreads.get(b.program), f"confirmation, {rounds} rounds")
-                   for b in contenders if medians[b.program]]
+        # The minimum over rounds: interference from other work only ever slows a round.
+        records = {b.program: Measurement(b.options, "ok", min(medians[b.program]),
+                                          spreads.get(b.program),
+                                          f"confirmation, best of {len(medians[b.program])}")
+                   for b in contenders if medians[b.program]}
         if not records:
             return
-        best = min(records, key=lambda m: m.median or math.inf)
-        if default is not None and medians[default.program]:
-            self.default_seconds = min(medians[default.program])
+        best = min(records.values(), key=lambda m: m.median or math.inf)
+        if default is not None and default.program in records:
+            baseline = records[default.program]
+            self.default_seconds = baseline.median
+            if (best.median or 0.0) > (baseline.median or 0.0) * (1.0 - min_gain):
+                best = baseline
         self.best_options, self.best_seconds = best.options, best.median or math.inf
-        self.db.record(self.key, self.function, records, self.run_id, self.default_seconds,
-                       replace_best=True)
+        self.db.record(self.key, self.function, list(records.values()), self.run_id,
+                       self.default_seconds, best=best)

@@ -235,3 +235,33 @@ def test_nan_in_every_lane_position() -> None:
     mx, mn = fn(x)
     np.testing.assert_array_equal(mx, np.max(x, axis=1))
     np.testing.assert_array_equal(mn, np.full(n, -np.inf, np.float32))
+
+
+@pytest.mark.xfail(strict=True, reason="vector.py assumes the vector index is unit-stride in "
+                   "every view; a schedule naming a strided index gives wrong results "
+                   "(the heuristics and the tuner only pick unit-stride indices)")
+@pytest.mark.parametrize("target", ["cpu-avx512", "cpu-generic"])
+def test_strided_vector_index_is_refused_or_correct(target: str, tmp_path: Any) -> None:
+    """A schedule is a replayable decision (tuning records can be imported): one that
+    names the row index of a row-major view as the vector index must still compute the
+    right result, by falling back to scalar code or by strided vector loads."""
+    from polytile.compile import Compiler
+    from polytile.config import Config
+    from polytile.passes.schedule import Schedule
+    from polytile.targets.target import select_target
+
+    try:
+        chosen = select_target(target)          # it runs here, so the host must have it
+    except pt.PolytileError as err:
+        pytest.skip(str(err))
+    lanes = LANES[target]
+    source = "def f(float(I,J) A) -> (O) {\n  O(i, j) = A(i, j) * 2\n}\n"
+    fn = pt.define(source, backend="interp").program.functions[0]
+    a = normal(np.random.default_rng(0), 5, 37)
+    compiler = Compiler(Config(cache_dir=tmp_path / "cache"),
+                        chosen,
+                        options={"autotile.schedules": {"s0": Schedule("i0", lanes)}})
+    compiled = compiler.compile(specialize(fn, {"A": a.shape}, {}))
+    out = np.zeros_like(a)
+    compiled.run({"A": a}, {}, {"O": out})
+    np.testing.assert_array_equal(out, 2 * a)

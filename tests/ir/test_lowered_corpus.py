@@ -274,3 +274,17 @@ def test_scaled_programs_do_get_non_dividing_tiles(target_name: str) -> None:
     assert {"mm", "tmm", "elementwise"} <= set(remainders), remainders
     assert len(remainders) >= len(SCALED) // 2, remainders
 
+
+
+def test_names_that_need_a_prefix_stay_distinct() -> None:
+    """TC names may start with a digit; their IR names get a prefix that a TC name may
+    already carry, and the two must not become one buffer."""
+    source = ("def 2fn(float(N) 2LUT, float(N) t_2LUT, float(N) t_t_2LUT) -> (t_O) {\n"
+              "  t_O(i) = 2LUT(i) - t_2LUT(i) * t_t_2LUT(i)\n}\n")
+    fn = analyze(parse(source, "names")).functions[0]
+    rng = np.random.default_rng(0)
+    call = specialize_call(fn, tuple(rng.standard_normal(5).astype(np.float32)
+                                     for _ in range(3)))
+    ir = lower(call.spec)
+    assert len(set(ir.params)) == 4
+    check_ir(ir, call, 1e-6, "prefixed names")

@@ -42,12 +42,12 @@ def check(before: N.Function, after: N.Function) -> None:
 # ---------------------------------------------------------------- random contractions
 
 @st.composite
-def contractions(draw: st.DrawFn) -> tuple[str, dict[str, tuple[int, ...]]]:
+def contractions(draw: st.DrawFn, max_size: int = 9) -> tuple[str, dict[str, tuple[int, ...]]]:
     """A one-statement TC function: O(out...) op= f(A(...), B(...), ...) with random index
     subsets and orders; every index appears in some input, so its range is inferred."""
     n = draw(st.integers(1, 4), label="indices")
     names = list(INDEX_NAMES[:n])
-    sizes = {x: draw(st.integers(1, 9), label=f"size {x}") for x in names}
+    sizes = {x: draw(st.integers(1, max_size), label=f"size {x}") for x in names}
     out = draw(st.permutations(names), label="output order")[:draw(st.integers(0, n))]
     inputs: list[list[str]] = []
     for _ in range(draw(st.integers(1, 3), label="inputs")):
@@ -113,10 +113,11 @@ def test_random_schedules_keep_the_meaning(program: tuple[str, dict],
 # ---------------------------------------------------------------- random row chains
 
 @st.composite
-def chains(draw: st.DrawFn) -> tuple[str, dict[str, tuple[int, ...]]]:
+def chains(draw: st.DrawFn, max_size: int = 7) -> tuple[str, dict[str, tuple[int, ...]]]:
     """X(N, M) through 1-5 statements over temporaries t1, t2, ...; the last and a
     random subset of the others are outputs."""
-    rows, cols = draw(st.integers(1, 7), label="N"), draw(st.integers(1, 7), label="M")
+    rows = draw(st.integers(1, max_size), label="N")
+    cols = draw(st.integers(1, max_size), label="M")
     matrices = ["X"]                # (i, j) tensors
     vectors: list[str] = []         # (i) tensors
     columns: list[str] = []         # (j) tensors

@@ -36,8 +36,8 @@ def test_best_entry_is_the_fastest_measurement(tmp_path: Path) -> None:
     assert best.default_median == 2e-3 and best.function == "mm"
     db.record(KEY, "mm", [Measurement(options(4), "ok", 5e-3, 1e-5)], "run2")
     assert db.best(KEY).options == options(3)                     # slower: kept
-    db.record(KEY, "mm", [Measurement(options(4), "ok", 5e-3, 1e-5)], "run2",
-              replace_best=True)
+    confirmed = Measurement(options(4), "ok", 5e-3, 1e-5)
+    db.record(KEY, "mm", [confirmed], "run2", best=confirmed)
     assert db.best(KEY).options == options(4)                     # a confirmation: replaced
     assert [m["status"] for m in db.measurements(KEY)] == ["ok", "crash", "ok", "ok", "ok"]
     assert lookup(Config(cache_dir=tmp_path), KEY) is None         # another file name
