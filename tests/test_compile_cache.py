@@ -159,7 +159,7 @@ def test_warm_start_does_not_depend_on_the_hash_seed(tmp_path: Path,
     out in set order, which PYTHONHASHSEED changes (seeds 1 and 3 gave two orders)."""
     wrapper, log = cc
     cache_dir = tmp_path / "cache"
-    calls = [[(5, 13)], [(3, 37)]]
+    calls: list[list[tuple[int, ...]]] = [[(5, 13)], [(3, 37)]]
     run_child(tmp_path, cache_dir, wrapper, SOFTMAX, "softmax", calls, hash_seed=1)
     cold = log_lines(log)
     for seed in (3, 4):

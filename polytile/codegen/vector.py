@@ -77,6 +77,14 @@ def plan(blk: Block) -> _Plan | None:
     if len(stores) != 1 or any(not isinstance(s, (Load, Store, Constant, Intrinsic))
                                for s in blk.stmts):
         return None
+    # Vector loads and stores are contiguous: every view that moves with the vector
+    # index must move by one element (a schedule from the tuner or a user may ask
+    # for another index; that block then runs the scalar code).
+    for ref in blk.refs:
+        uses = [(a.coeff(vector), d.stride) for a, d in zip(ref.access, ref.shape.dims)
+                if a.coeff(vector)]
+        if uses and uses != [(1, 1)]:
+            return None
     deps = scalar_indices(blk)
     # Statements that vary along the vector index run on vectors: float32 only, with
     # ops that have a vector form. The rest (e.g. gather subscripts) stay scalar.

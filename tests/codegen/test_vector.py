@@ -237,9 +237,6 @@ def test_nan_in_every_lane_position() -> None:
     np.testing.assert_array_equal(mn, np.full(n, -np.inf, np.float32))
 
 
-@pytest.mark.xfail(strict=True, reason="vector.py assumes the vector index is unit-stride in "
-                   "every view; a schedule naming a strided index gives wrong results "
-                   "(the heuristics and the tuner only pick unit-stride indices)")
 @pytest.mark.parametrize("target", ["cpu-avx512", "cpu-generic"])
 def test_strided_vector_index_is_refused_or_correct(target: str, tmp_path: Any) -> None:
     """A schedule is a replayable decision (tuning records can be imported): one that

@@ -15,7 +15,8 @@ from .helpers import block, check_pass, lowered, target
 
 TARGETS = ("cpu-avx512", "cpu-generic")
 
-PROGRAMS = {
+Shapes = dict[str, tuple[int, ...]]
+PROGRAMS: dict[str, tuple[str, Shapes, dict[str, int]]] = {
     "mm": ("def mm(float(M,K) A, float(K,N) B) -> (C) {\n  C(m,n) +=! A(m,k) * B(k,n)\n}\n",
            {"A": (37, 45), "B": (45, 67)}, {}),
     "tmm": ("def tmm(float(M,K) A, float(N,K) B) -> (C) {\n  C(m,n) +=! A(m,kk) * B(n,kk)\n}\n",

@@ -28,8 +28,8 @@ def mm(float(M,K) A, float(K,N) B) -> (C) {
 """
 
 
-def tiled(fn: N.Function, name: str, sizes: Mapping[str, int], **kw: object) -> N.Function:
-    return with_block(fn, name, tile(block(fn, name), sizes, parent_sizes(fn.body), **kw))
+def tiled(fn: N.Function, name: str, sizes: Mapping[str, int]) -> N.Function:
+    return with_block(fn, name, tile(block(fn, name), sizes, parent_sizes(fn.body)))
 
 
 def test_matmul_with_tiles_that_do_not_divide() -> None:
