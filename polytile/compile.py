@@ -29,7 +29,6 @@ from polytile.runtime.files import sha256_text
 from polytile.runtime.kernel import Kernel
 from polytile.runtime.key import CacheKey
 from polytile.runtime.toolchain import BuildOptions, flags_for
-from polytile.sema import program as P
 from polytile.sema.canonical import canonical
 from polytile.sema.specialize import Specialized
 from polytile.targets.target import Target

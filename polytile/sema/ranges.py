@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from polytile.errors import RangeInferenceError, SourceLoc
 from polytile.sema import program as P
-from polytile.sema.sizes import SizeExpr, extreme
+from polytile.sema.sizes import SizeExpr, extent, extreme
 
 ZERO = SizeExpr.const_(0)
 
@@ -124,8 +124,7 @@ def solve(lin: Linear, index: str, extent: SizeExpr,
 
 def exclusive(hi_incl: SizeExpr) -> SizeExpr:
     """hi + 1, written ceil(X/c) when hi = floor((X - 1)/c)."""
-    from polytile.sema.sizes import extent as _extent
-    return _extent(ZERO, hi_incl)
+    return extent(ZERO, hi_incl)
 
 
 def intersect(a: P.Range, b: P.Range) -> P.Range:
@@ -177,7 +176,7 @@ def _round(accesses: list[Access], shapes: dict[str, tuple[SizeExpr, ...]],
     found: dict[str, P.Range] = {}
     for access in accesses:
         shape = shapes[access.tensor]
-        for sub, extent in zip(access.subscripts, shape):
+        for sub, size in zip(access.subscripts, shape):
             lin = linearize(sub)
             if lin is None:
                 continue
@@ -185,7 +184,7 @@ def _round(accesses: list[Access], shapes: dict[str, tuple[SizeExpr, ...]],
             if len(open_) != 1:
                 continue
             (index,) = open_
-            r = solve(lin, index, extent, ranges)
+            r = solve(lin, index, size, ranges)
             found[index] = intersect(found[index], r) if index in found else r
     return found
 

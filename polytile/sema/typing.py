@@ -7,7 +7,6 @@ int32 / float32.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Mapping
 
 import numpy as np
 
@@ -259,7 +258,3 @@ def check_assignable(value: DType, target: DType, tensor: str, loc: SourceLoc) -
     if target.is_integral and value.is_float:
         raise TypeCheckError(f"assigning a {value} value to {tensor}, which is {target}",
                              loc, f"cast explicitly, e.g. {target.name}(...)")
-
-
-def scalar_dtypes(args: Mapping[str, str]) -> dict[str, DType]:
-    return {name: dtypes.lookup(t) for name, t in args.items()}  # type: ignore[misc]
