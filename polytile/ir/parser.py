@@ -36,6 +36,7 @@ from polytile.ir.nodes import (
     Store,
     TensorShape,
 )
+from polytile.lang.cursor import TokenCursor
 
 # Names follow the TC lexer: `2LUT` is a name, `12` and `1e5` are numbers.
 NAME = re.compile(r"[_a-zA-Z0-9]*[_a-zA-Z][_a-zA-Z0-9]*")
@@ -109,50 +110,13 @@ def _word_at(text: str, pos: int) -> tuple[str, str] | None:
     return ("name", name.group()) if name else None
 
 
-class _Parser:
+class _Parser(TokenCursor[_Token]):
+    error_class = IRError
+
     def __init__(self, source: Source):
-        self.tokens = _tokenize(source)
-        self.pos = 0
+        super().__init__(_tokenize(source))
 
     # -------------------------------------------------------------- helpers
-    @property
-    def tok(self) -> _Token:
-        return self.tokens[self.pos]
-
-    def peek(self) -> _Token:
-        return self.tokens[min(self.pos + 1, len(self.tokens) - 1)]
-
-    def advance(self) -> _Token:
-        tok = self.tok
-        if tok.kind != "eof":
-            self.pos += 1
-        return tok
-
-    def at(self, text: str) -> bool:
-        return self.tok.kind == "op" and self.tok.text == text
-
-    def at_word(self, word: str) -> bool:
-        return self.tok.kind == "name" and self.tok.text == word
-
-    def accept(self, text: str) -> bool:
-        if self.at(text):
-            self.advance()
-            return True
-        return False
-
-    def error(self, expected: str, hint: str | None = None) -> IRError:
-        return IRError(f"expected {expected}, found {self.tok}", self.tok.loc, hint)
-
-    def expect(self, text: str) -> _Token:
-        if not self.at(text):
-            raise self.error(f"'{text}'")
-        return self.advance()
-
-    def expect_kind(self, kind: str, what: str) -> _Token:
-        if self.tok.kind != kind:
-            raise self.error(what)
-        return self.advance()
-
     def expect_word(self, word: str) -> _Token:
         if not self.at_word(word):
             raise self.error(f"'{word}'")

@@ -6,10 +6,11 @@ Errors are `ParseError`s that point at the offending token and say what was expe
 """
 from __future__ import annotations
 
+from polytile.dtypes import TYPE_NAMES
 from polytile.errors import ParseError, Source, SourceLoc
 from polytile.lang import ast
+from polytile.lang.cursor import TokenCursor
 from polytile.lang.lexer import Token, tokenize
-from polytile.dtypes import TYPE_NAMES
 
 # Binary operators by precedence level, lowest first (C's order).
 _BINARY_LEVELS = (("||",), ("&&",), ("==", "!="), ("<", "<=", ">", ">="),
@@ -33,50 +34,16 @@ def parse_expr(text: str) -> ast.Expr:
     return expr
 
 
-class _Parser:
+class _Parser(TokenCursor[Token]):
+    error_class = ParseError
+
     def __init__(self, source: Source):
+        super().__init__(tokenize(source))
         self.source = source
-        self.tokens = tokenize(source)
-        self.pos = 0
 
     # -------------------------------------------------------------- helpers
-    @property
-    def tok(self) -> Token:
-        return self.tokens[self.pos]
-
-    def peek(self, offset: int = 1) -> Token:
-        return self.tokens[min(self.pos + offset, len(self.tokens) - 1)]
-
-    def advance(self) -> Token:
-        tok = self.tok
-        if tok.kind != "eof":
-            self.pos += 1
-        return tok
-
-    def at(self, text: str) -> bool:
-        return self.tok.kind == "op" and self.tok.text == text
-
-    def at_word(self, word: str) -> bool:
-        return self.tok.kind == "name" and self.tok.text == word
-
-    def accept(self, text: str) -> bool:
-        if self.at(text):
-            self.advance()
-            return True
-        return False
-
-    def error(self, expected: str, hint: str | None = None) -> ParseError:
-        return ParseError(f"expected {expected}, found {self.tok}", self.tok.loc, hint)
-
-    def expect(self, text: str, hint: str | None = None) -> Token:
-        if not self.at(text):
-            raise self.error(f"'{text}'", hint)
-        return self.advance()
-
     def expect_name(self, what: str = "a name") -> Token:
-        if self.tok.kind != "name":
-            raise self.error(what)
-        return self.advance()
+        return self.expect_kind("name", what)
 
     def expect_eof(self) -> None:
         if self.tok.kind != "eof":
