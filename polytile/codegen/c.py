@@ -62,6 +62,7 @@ from polytile.codegen.cscope import (
     writes_disjoint,
 )
 from polytile.errors import IRError, UnsupportedError
+from polytile.ir import polyhedra
 from polytile.ir.nodes import (
     AGG_OPS,
     Affine,
@@ -85,7 +86,7 @@ _INDENT = "    "
 @dataclass(frozen=True)
 class COptions:
     symbol: str | None = None     # exported name; default "pt_" + the sanitized function name
-    stack_bytes: int = 4096       # local buffers up to this size live on the stack
+    stack_bytes: int = 32768      # local buffers up to this size live on the stack
     openmp: bool = True           # honor the "parallel" and "vectorize" tags
 
 
@@ -235,8 +236,9 @@ class _FunctionWriter:
 
     def block(self, blk: Block, outer: Scope, root: bool = False) -> list[str]:
         if "regtile" in blk.tags and not root:
-            from polytile.codegen import vector
-            lines = vector.emit(self, blk, outer)
+            from polytile.codegen import transpose, vector
+            lines = (transpose.emit(self, blk, outer) if "pack" in blk.tags
+                     else vector.emit(self, blk, outer))
             if lines is not None:
                 return lines
         title = f"/* block {safe(blk.name)} */"
@@ -246,7 +248,7 @@ class _FunctionWriter:
         views, private = self.views(blk, outer, space.idx, root)
         written = [views[r.into] for r in blk.refs if root or r.from_]
         notes: list[str] = []
-        par_k = self.parallel_loop(blk, outer, space.loops, written, notes)
+        par_k = self.parallel_loop(blk, outer, space, written, notes)
         par_target = None
         if par_k is not None:
             par_target = Target(self.fresh("pt_next_"))
@@ -292,13 +294,18 @@ class _FunctionWriter:
             views[ref.into] = child_view(ref, parent, idx)
         return views, private
 
-    def parallel_loop(self, blk: Block, outer: Scope, loops: list[str], written: list[View],
-                      notes: list[str]) -> int | None:
-        """Which loop (position) of a "parallel" block runs its iterations in threads."""
+    def parallel_loop(self, blk: Block, outer: Scope, space: IterationSpace,
+                      written: list[View], notes: list[str]) -> int | None:
+        """Which loop (position) of a "parallel" block runs its iterations in threads: the
+        first whose iterations write disjoint elements (by the views, else exactly)."""
+        loops = space.loops
         if "parallel" not in blk.tags or not self.options.openmp or outer.parallel or not loops:
             return None
+        names = {a.terms[0][0]: n for n, a in space.idx.items()
+                 if a.terms and len(a.terms) == 1 and a.terms[0][1] == 1 and not a.const}
         k = next((k for k, var in enumerate(loops)
-                  if writes_disjoint(var, set(loops[k + 1:]), written)), None)
+                  if writes_disjoint(var, set(loops[k + 1:]), written)
+                  or polyhedra.writes_disjoint(blk, names[var])), None)
         if k is None:
             notes.append("/* tag parallel ignored: iterations may write the same element */")
         return k

@@ -33,8 +33,8 @@ from polytile import dtypes
 from polytile.analysis.deps import scalar_indices
 from polytile.codegen import cexpr
 from polytile.codegen.cscope import Scope, c_affine, child_view, resolve, safe
-from polytile.codegen.vmath import VECTOR_MATH_OPS
-from polytile.ir.nodes import Affine, Block, Constant, Intrinsic, Load, Store
+from polytile.codegen.vmath import MASKED_LANES, VECTOR_MATH_OPS
+from polytile.ir.nodes import Affine, Block, Constant, Intrinsic, Load, Refinement, Store
 
 if TYPE_CHECKING:
     from polytile.codegen.c import _FunctionWriter
@@ -61,6 +61,10 @@ class _Plan:
     vec_is_reduction: bool
     agg: str
     bounds: dict[str, str] = field(default_factory=dict)   # looped index -> C upper bound
+    # Upper bounds on a parallel vector index (its last valid value) as (part over the
+    # unrolled indices + constant, part over C variables; their namespaces overlap): a
+    # tile cut short by a constraint runs with masked lanes.
+    vec_bounds: list[tuple[Affine, Affine]] = field(default_factory=list)
 
 
 def _tag(blk: Block, key: str) -> list[str]:
@@ -151,7 +155,18 @@ def _memory_order(p: _Plan, blk: Block, outer: Scope) -> _Plan:
     inputs = [r for r in blk.refs if r.dir == "in" and r.from_ in outer.views]
     if not inputs:
         return p
-    big = max(inputs, key=lambda r: math.prod(d.size for d in outer.views[r.from_].dims))
+    looped = {n for n, _ in p.par_loops + p.red_loops}
+    ranges = {i.name: i.range for i in blk.idxs if i.affine is None}
+
+    def weight(r: Refinement) -> tuple[int, int]:
+        # The block's footprint in the input first (its parent's view may be larger:
+        # a whole dimension where a tile overflows); of equal sizes, the input that
+        # depends on more of the loops.
+        size = math.prod(1 + sum(abs(c) * (ranges.get(n, 1) - 1) for n, c in a.terms)
+                         for a in r.access)
+        return size, len(looped & {n for a in r.access for n in a.names})
+
+    big = max(inputs, key=weight)
     dims = outer.views[big.from_].dims
 
     def stride(name: str) -> int:
@@ -168,11 +183,23 @@ def _memory_order(p: _Plan, blk: Block, outer: Scope) -> _Plan:
 def _unroll_counts(blk: Block, p: _Plan, idx: dict[str, Affine]) -> dict[str, str] | None:
     """When every constraint is an upper bound on one unrolled or looped index (a
     boundary tile), the C expression of how many values of each such index run;
-    looped indices get it as their loop bound (`p.bounds`)."""
+    looped indices get it as their loop bound (`p.bounds`), and bounds on a parallel
+    vector index (given the unrolled ones) become lane counts (`p.vec_bounds`)."""
     counts: dict[str, str] = {}
     loops = {i.name for i in blk.idxs if i.affine is None and i.range > 1}
     looped = {n for n, _ in p.par_loops + p.red_loops}
     for c in blk.constraints:
+        if (p.vector in c.names and c.coeff(p.vector) == -1 and not p.vec_is_reduction
+                and p.lanes in MASKED_LANES
+                and all(n in p.unroll for n in c.names if n in loops and n != p.vector)):
+            unrolled = Affine.of({n: k for n, k in c.terms if n in loops and n != p.vector},
+                                 c.const)
+            outside = Affine()
+            for name, coeff in c.terms:
+                if name not in loops:
+                    outside = outside + idx[name].scale(coeff)
+            p.vec_bounds.append((unrolled, outside))
+            continue
         own = [n for n in c.names if n in loops]
         if len(own) != 1 or own[0] not in set(p.unroll) | looped or c.coeff(own[0]) >= 0:
             return None
@@ -282,7 +309,10 @@ class _Emitter:
         memo: dict = {}
         accs: dict[tuple, str] = {}
         for combo in combos:
-            for base, n in chunks:
+            for base, width in chunks:
+                n = self._lanes(combo, base, width, pre)
+                if n == 0:
+                    continue
                 at = dict(idx)
                 at.update({u: Affine.constant(v) for u, v in combo.items()})
                 at[p.vector] = Affine.constant(base)
@@ -299,6 +329,23 @@ class _Emitter:
                 body.append(f"{acc} = {self._combine('add' if p.agg == 'add' else p.agg, acc, value)};")
                 post += self._combine_store(addr, acc, n, p.agg)
         return pre + self._red_loops(idx, body) + post
+
+    def _lanes(self, combo: dict[str, int], base: int, width: int, out: list[str]) -> int | str:
+        """Lanes of the chunk at `base` that the vector bounds leave active: a number, or
+        a C variable declared in `out` when it depends on outer indices."""
+        fixed = {u: Affine.constant(v) for u, v in combo.items()}
+        counts = [unrolled.substitute(fixed) + outside + (1 - base)
+                  for unrolled, outside in self.p.vec_bounds]
+        static = min([width] + [c.const for c in counts if not c.terms])
+        dynamic = [c_affine(c) for c in counts if c.terms]
+        if static <= 0 or not dynamic:
+            return max(static, 0)
+        var = self.w.fresh("nv")
+        expr = str(static)
+        for d in dynamic:
+            expr = f"pt_imin({expr}, {d})"
+        out.append(f"const int64_t {var} = {expr} > 0 ? {expr} : 0;")
+        return var
 
     def dot(self, idx: dict[str, Affine], combos: list[dict[str, int]]) -> list[str]:
         p = self.p
@@ -338,7 +385,8 @@ class _Emitter:
         return pre + self._red_loops(idx, inner) + post
 
     # ------------------------------------------------------------ values
-    def value(self, name: str, at: dict[str, Affine], combo: dict[str, int], base: int, n: int,
+    def value(self, name: str, at: dict[str, Affine], combo: dict[str, int], base: int,
+              n: int | str,
               memo: dict, out: list[str]) -> tuple[str, bool]:
         """C variable holding scalar `name` at this point; True if it is a vector."""
         stmt = self.defs[name]
@@ -363,7 +411,7 @@ class _Emitter:
     def defs(self) -> dict[str, object]:
         return {s.into: s for s in self.blk.stmts if isinstance(s, (Load, Constant, Intrinsic))}
 
-    def load(self, st: Load, at: dict[str, Affine], n: int, out: list[str],
+    def load(self, st: Load, at: dict[str, Affine], n: int | str, out: list[str],
              combo: dict[str, int], memo: dict) -> tuple[str, bool]:
         ref = self.blk.ref(st.ref)
         view = child_view(ref, self.outer.views[ref.from_], at)
@@ -436,7 +484,7 @@ class _Emitter:
             return f"{acc} * {value}"
         return f"pt_v{'max' if agg == 'max' else 'min'}_nan({acc}, {value})"
 
-    def _combine_store(self, addr: str, value: str, n: int, agg: str) -> list[str]:
+    def _combine_store(self, addr: str, value: str, n: int | str, agg: str) -> list[str]:
         full = n == self.p.lanes
         load = f"pt_vload({addr})" if full else f"pt_vload_n({addr}, {n})"
         if agg != "assign":

@@ -18,19 +18,26 @@ float64 references over the float32 range, see tests/codegen/test_vmath.py):
 from __future__ import annotations
 
 VECTOR_MATH_OPS = frozenset({"exp", "log", "tanh", "erf", "sigmoid"})
+MASKED_LANES = (8, 16)     # vector widths with masked moves (AVX, AVX-512)
 
 
 def vector_math(lanes: int) -> str:
     """C definitions of the vector types and math for `lanes` float32 lanes."""
     nbytes = 4 * lanes
     splat = ", ".join(["x"] * lanes)
-    # AVX-512 masked moves exist for 16 float lanes; other widths copy lane by lane.
+    # Masked moves exist for 16 float lanes (AVX-512) and 8 (AVX); other widths copy
+    # lane by lane.
     masked_load = masked_store = ""
     if lanes == 16:
         masked_load = ("#if defined(__AVX512F__)\n  return (pt_vf)_mm512_maskz_loadu_ps("
                        "(__mmask16)((1u << n) - 1u), p);\n#endif")
         masked_store = ("#if defined(__AVX512F__)\n  _mm512_mask_storeu_ps(p, (__mmask16)"
                         "((1u << n) - 1u), (__m512)v);\n  return;\n#endif")
+    elif lanes == 8:
+        masked_load = ("#if defined(__AVX__)\n  return (pt_vf)_mm256_maskload_ps(p, "
+                       "(__m256i)(pt_viota() < (int32_t)n));\n#endif")
+        masked_store = ("#if defined(__AVX__)\n  _mm256_maskstore_ps(p, (__m256i)(pt_viota() < "
+                        "(int32_t)n), (__m256)v);\n  return;\n#endif")
     fold = " ".join(_halve("v", lanes, width, "v = v op h;") for width in _halvings(lanes))
     fold_max = " ".join(_halve("v", lanes, w, "v = pt_vmax_nan(v, h);") for w in _halvings(lanes))
     fold_min = " ".join(_halve("v", lanes, w, "v = pt_vmin_nan(v, h);") for w in _halvings(lanes))

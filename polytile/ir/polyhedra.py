@@ -77,6 +77,19 @@ class Scope:
     def root(block: Block) -> Scope:
         return Scope._make(block, 0, block.name, (), {}, {}, Conj())
 
+    @staticmethod
+    def detached(block: Block) -> Scope:
+        """`block` out of context: indices passed in from its parent are free variables."""
+        own = tuple(f"i0_{n}" for n in range(len(block.idxs)))
+        ineqs: list[Affine] = []
+        for v, idx in zip(own, block.idxs):
+            if idx.affine is None:
+                ineqs += between(v, 0, idx.range - 1)
+        to_var = {idx.name: Affine.index(v) for v, idx in zip(own, block.idxs)}
+        ineqs += [c.substitute(to_var) for c in block.constraints]
+        labels = {v: idx.name for v, idx in zip(own, block.idxs)}
+        return Scope(block, 0, block.name, own, (), labels, Conj((), (), tuple(ineqs)))
+
     def child(self, block: Block) -> Scope:
         parent_vars = {idx.name: v for v, idx in zip(self.own, self.block.idxs)}
         return Scope._make(block, self.depth + 1, f"{self.path}/{block.name}", self.variables,
@@ -166,6 +179,28 @@ def parent_footprint(scope: Scope, ref: str, mode: str) -> tuple[tuple[str, ...]
                   for x, a, e in zip(coords, access, elems))
     return coords, tuple(Conj(p.hidden + elems, p.eqs + links, p.ineqs)
                          for p in footprint(scope, ref, mode))
+
+
+def writes_disjoint(block: Block, index: str) -> bool:
+    """True if iterations of `block` that differ in `index` (the indices before it
+    equal, those after it anything) never write the same element of the buffers it
+    writes: the exact test for running that index's loop in parallel threads."""
+    scope = Scope.detached(block)
+    iterated = scope.iterated
+    mine = scope.own[[i.name for i in block.idxs].index(index)]
+    loop = iterated.index(mine)
+    other = {v: f"{v}_q" for v in iterated[loop:]}
+    for ref in block.refs:
+        if ref.dir not in WRITE_DIRS or not ref.from_:
+            continue
+        coords, writes = parent_footprint(scope, ref.into, WRITE)
+        if not writes:
+            continue
+        theirs = tuple(c.rename({**other, **{h: f"{h}_q" for h in c.hidden}}) for c in writes)
+        free = scope.variables + tuple(other.values()) + coords
+        if not to_set(free, [writes, theirs, distinct([(mine, other[mine])])]).is_empty():
+            return False
+    return True
 
 
 def _touched_dims(stmt: object, ref: str, mode: str, rank: int) -> list[tuple[bool, ...]]:

@@ -120,9 +120,7 @@ def choose_schedule(block: N.Block, target: Target) -> Schedule:
         picks = sorted((n for n in reuse if reuse[n] > 0), key=lambda n: (-reuse[n], n))[:2]
         budget = registers // vectors
         if len(picks) == 2:
-            f0 = min(loops[picks[0]], 4)
-            f1 = min(loops[picks[1]], max(1, budget // f0), 4)
-            unroll = [(picks[0], f0), (picks[1], f1)]
+            unroll = _register_tile(picks, loops, vectors, registers)
         elif picks:
             unroll = [(picks[0], min(loops[picks[0]], budget, 12 if vectors == 2 else 8))]
     tiles = _cache_tiles(block, loops, parallel, reductions, dict(unroll), vector,
@@ -131,6 +129,22 @@ def choose_schedule(block: N.Block, target: Target) -> Schedule:
     work = math.prod(loops.values())
     return Schedule(vector, lanes if vector else 1, tuple(unroll), vectors if vector else 1,
                     tuple(sorted(tiles.items())), parallel=work >= PARALLEL_MIN_WORK)
+
+
+def _register_tile(picks: list[str], loops: dict[str, int], vectors: int,
+                   registers: int) -> list[tuple[str, int]]:
+    """Factors (f0, f1) of two unrolled indices: f0*f1*vectors accumulators within the
+    registers, maximizing multiply-adds per load (f0 broadcasts and f1*vectors vector
+    loads feed f0*f1*vectors FMAs) times the share of the tiles' lanes that do work
+    (a factor that does not divide its range leaves a partial tile)."""
+    def score(f0: int, f1: int) -> float:
+        used = math.prod(loops[n] / (-(-loops[n] // f) * f) for n, f in zip(picks, (f0, f1)))
+        return f0 * f1 * vectors / (f0 + f1 * vectors) * used
+    options = [(f0, f1) for f0 in range(1, min(loops[picks[0]], registers) + 1)
+               for f1 in range(1, min(loops[picks[1]], registers) + 1)
+               if f0 * f1 * vectors <= registers]
+    f0, f1 = max(options, key=lambda f: (score(*f), f[0]))
+    return [(picks[0], f0), (picks[1], f1)]
 
 
 def _cache_tiles(block: N.Block, loops: dict[str, int], parallel: list[str],

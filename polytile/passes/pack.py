@@ -21,13 +21,14 @@ dot-product kernel would spend much of its time in horizontal sums.
 from __future__ import annotations
 
 import math
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from polytile.ir import nodes as N
 from polytile.ir.lower import contiguous
 from polytile.passes.pipeline import PASSES
 from polytile.passes.schedule import _is_parallel
+from polytile.passes.tile import substitute_local
 from polytile.targets.target import Target
 
 
@@ -66,8 +67,9 @@ def _plan(block: N.Block, top: dict[str, N.Refinement], lanes: int, min_reuse: i
             return None
         if ref.shape.dims[d].stride == 1:
             continue
-        if any(len(a.terms) > 1 or a.const for a in ref.access):
-            return None          # only plain index subscripts are repacked
+        if any(set(a.names) & set(ranges) and (len(a.terms) > 1 or a.const)
+               for a in ref.access):
+            return None          # loop indices only as plain subscripts are repacked
         used = {n for a in ref.access for n in a.names}
         reuse = math.prod(r for n, r in ranges.items() if n not in used)
         if reuse < min_reuse:
@@ -79,13 +81,23 @@ def _plan(block: N.Block, top: dict[str, N.Refinement], lanes: int, min_reuse: i
 def pack(fn: N.Function, target: Target, params: dict[str, Any]) -> N.Function:
     if not params.get("enabled", True):
         return fn
-    min_reuse = int(params.get("min_reuse", 4))
-    max_reduction = int(params.get("max_reduction", 256))
-    top = {r.into: r for r in fn.body.refs}
-    new_refs = list(fn.body.refs)
+    settings = (int(params.get("min_reuse", 4)), int(params.get("max_reduction", 1 << 30)))
+    return replace(fn, body=_pack_members(fn.body, target, settings))
+
+
+def _pack_members(container: N.Block, target: Target, settings: tuple[int, int]) -> N.Block:
+    """Pack the operands of the contractions among `container`'s statements into local
+    buffers of `container`: the function's body (copied once per call) or a fused row
+    block (copied once per row, where only that row's slice of the operand is read)."""
+    min_reuse, max_reduction = settings
+    top = {r.into: r for r in container.refs}
+    new_refs = list(container.refs)
     stmts: list[N.Statement] = []
-    packed: dict[tuple[str, int], str] = {}
-    for s in fn.body.stmts:
+    packed: dict[tuple[Any, ...], str] = {}
+    for s in container.stmts:
+        if isinstance(s, N.Block) and "fused" in s.tags:
+            stmts.append(_pack_members(s, target, settings))
+            continue
         if not (isinstance(s, N.Block) and "contraction" in s.tags):
             stmts.append(s)
             continue
@@ -94,44 +106,101 @@ def pack(fn: N.Function, target: Target, params: dict[str, Any]) -> N.Function:
         if plan is None:
             stmts.append(s)
             continue
-        _, packs = plan
+        v, packs = plan
+        vrange = next(i.range for i in s.idxs if i.name == v)
+        width = lanes * (2 if vrange >= 2 * lanes else 1)
+        copies = {ref.into: _Copy.of(s, ref, d, width) for ref, d in packs}
+        s = split_index(s, v, width)
         refs = list(s.refs)
-        for ref, d in packs:
-            source = top[ref.from_]
-            key = (ref.from_, d)
-            if key not in packed:
-                name = f"{ref.from_}_packed{d}"
-                order = [k for k in range(len(source.shape.dims)) if k != d] + [d]
-                shape = contiguous(source.shape.dtype,
-                                   tuple(source.shape.dims[k].size for k in order))
-                new_refs.append(N.Refinement("none", "", name,
-                                             tuple(N.Affine() for _ in order), shape))
-                stmts.append(_copy_block(source, name, order, shape))
-                packed[key] = name
-            name = packed[key]
-            order = [k for k in range(len(ref.access)) if k != d] + [d]
-            dst = next(r for r in new_refs if r.into == name)
-            refs[refs.index(ref)] = replace(
-                ref, from_=name, access=tuple(ref.access[k] for k in order),
-                shape=N.TensorShape(ref.shape.dtype, tuple(
-                    N.Dim(ref.shape.dims[k].size, dst.shape.dims[j].stride)
-                    for j, k in enumerate(order))))
+        for into, copy in copies.items():
+            if copy.key not in packed:
+                name = f"{copy.ref.from_}_panels{len(packed)}"
+                new_refs.append(N.Refinement("none", "", name, tuple(N.Affine() for _ in
+                                                                     copy.shape.dims),
+                                             copy.shape))
+                stmts.append(copy.block(name, top[copy.ref.from_], lanes))
+                packed[copy.key] = name
+            name = packed[copy.key]
+            k = next(k for k, r in enumerate(refs) if r.into == into)
+            access = ((N.Affine.index(v + "_o"),)
+                      + tuple(refs[k].access[j] for j in copy.looped) + (N.Affine.index(v),))
+            refs[k] = replace(refs[k], from_=name, access=access, shape=N.TensorShape(
+                copy.shape.dtype, tuple(N.Dim(1, x.stride) for x in copy.shape.dims)))
         # Load statements name refs by `into`, which is unchanged; only the view moved.
         stmts.append(replace(s, refs=tuple(refs)))
-    return replace(fn, body=replace(fn.body, refs=tuple(new_refs), stmts=tuple(stmts)))
+    return replace(container, refs=tuple(new_refs), stmts=tuple(stmts))
 
 
-def _copy_block(source: N.Refinement, name: str, order: list[int],
-                shape: N.TensorShape) -> N.Block:
-    idxs = tuple(N.Index(f"a{k}", d.size) for k, d in enumerate(source.shape.dims))
-    src = N.Refinement("in", source.into, source.into,
-                       tuple(N.Affine.index(f"a{k}") for k in range(len(idxs))),
-                       N.TensorShape(source.shape.dtype,
-                                     tuple(N.Dim(1, d.stride) for d in source.shape.dims)))
-    dst = N.Refinement("out", name, name, tuple(N.Affine.index(f"a{k}") for k in order),
-                       N.TensorShape(shape.dtype, tuple(N.Dim(1, d.stride) for d in shape.dims)))
-    stmts = (N.Load("$x", source.into), N.Store(name, "$x"))
-    return N.Block(f"pack_{name}", idxs, (), (src, dst), stmts, frozenset({"kernel", "pack"}))
+@dataclass(frozen=True)
+class _Copy:
+    """How a contraction's view `ref` of its container's buffer becomes panels:
+    panels[o, ...looped dims, i] = buffer[..., width*o + i (dimension d), ...], where
+    the dimensions the contraction reads at indices passed from above stay fixed."""
+
+    ref: N.Refinement
+    d: int
+    width: int
+    passed: tuple[N.Index, ...]         # the contraction's passed indices
+    looped: tuple[int, ...]             # dimensions read by a plain loop index
+    ranges: dict[int, int]              # dimension -> extent read
+    shape: N.TensorShape
+
+    @staticmethod
+    def of(block: N.Block, ref: N.Refinement, d: int, width: int) -> "_Copy":
+        loops = {i.name: i.range for i in block.idxs if i.affine is None}
+        looped = tuple(j for j, a in enumerate(ref.access) if j != d and set(a.names) & set(loops))
+        ranges = {j: loops[ref.access[j].names[0]] for j in (*looped, d)}
+        sizes = (-(-ranges[d] // width),) + tuple(ranges[j] for j in looped) + (width,)
+        return _Copy(ref, d, width, tuple(i for i in block.idxs if i.affine is not None),
+                     looped, ranges, contiguous(ref.shape.dtype, sizes))
+
+    @property
+    def key(self) -> tuple[Any, ...]:
+        fixed = tuple((j, a) for j, a in enumerate(self.ref.access)
+                      if j != self.d and j not in self.looped)
+        return (self.ref.from_, self.d, self.width, fixed, self.passed,
+                tuple(sorted(self.ranges.items())))
+
+    def block(self, name: str, source: N.Refinement, lanes: int) -> N.Block:
+        idxs = (self.passed + (N.Index("o", self.shape.dims[0].size),)
+                + tuple(N.Index(f"a{j}", self.ranges[j]) for j in self.looped)
+                + (N.Index("i", self.width),))
+        value = N.Affine.of({"o": self.width, "i": 1})
+        src_access = tuple(value if j == self.d else
+                           N.Affine.index(f"a{j}") if j in self.looped else a
+                           for j, a in enumerate(self.ref.access))
+        constraints = ((N.Affine.constant(self.ranges[self.d] - 1) - value,)
+                       if self.ranges[self.d] % self.width else ())
+        src = N.Refinement("in", source.into, source.into, src_access, N.TensorShape(
+            source.shape.dtype, tuple(N.Dim(1, x.stride) for x in source.shape.dims)))
+        dst_access = ((N.Affine.index("o"),) + tuple(N.Affine.index(f"a{j}") for j in self.looped)
+                      + (N.Affine.index("i"),))
+        dst = N.Refinement("out", name, name, dst_access, N.TensorShape(
+            self.shape.dtype, tuple(N.Dim(1, x.stride) for x in self.shape.dims)))
+        stmts = (N.Load("$x", source.into), N.Store(name, "$x"))
+        return N.Block(f"pack_{name}", idxs, constraints, (src, dst), stmts,
+                       frozenset({"kernel", "pack", f"lanes={lanes}"}))
+
+
+def split_index(block: N.Block, name: str, width: int) -> N.Block:
+    """`name` -> `width*name_o + name` with `name` now ranging over one panel of `width`;
+    a constraint removes the overflow of the last panel. The block stays flat."""
+    old = next(i for i in block.idxs if i.name == name)
+    outer = name + "_o"
+    value = N.Affine.of({outer: width, name: 1})
+    idxs: list[N.Index] = []
+    for i in block.idxs:
+        if i.name == name:
+            idxs += [N.Index(outer, -(-old.range // width)), N.Index(name, width)]
+        else:
+            idxs.append(i)
+    constraints = [c.substitute({name: value}) for c in block.constraints]
+    if old.range % width:
+        constraints.append(N.Affine.constant(old.range - 1) - value)
+    refs = tuple(replace(r, access=tuple(a.substitute({name: value}) for a in r.access))
+                 for r in block.refs)
+    return replace(block, idxs=tuple(idxs), constraints=tuple(constraints), refs=refs,
+                   stmts=substitute_local(block.stmts, {name: value}))
 
 
 PASSES["pack"] = pack

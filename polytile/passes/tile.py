@@ -32,7 +32,7 @@ def substitute_block(block: N.Block, values: Mapping[str, N.Affine]) -> N.Block:
     return replace(block, idxs=idxs)
 
 
-def _substitute_local(stmts: tuple[N.Statement, ...], values: Mapping[str, N.Affine]
+def substitute_local(stmts: tuple[N.Statement, ...], values: Mapping[str, N.Affine]
                       ) -> tuple[N.Statement, ...]:
     """Rewrite uses of a block's own indices by its statements (LoadIndex and the
     passed-index affines of child blocks)."""
@@ -106,7 +106,7 @@ def tile(block: N.Block, sizes: Mapping[str, int], parent_sizes: Mapping[str, tu
     # Indices the original block received from its parent pass through the outer block.
     inner_idxs += tuple(N.Index(p.name, 1, N.Affine.index(p.name)) for p in passed)
     inner = N.Block(block.name + "_tile", inner_idxs, tuple(constraints), tuple(inner_refs),
-                    _substitute_local(block.stmts, split),
+                    substitute_local(block.stmts, split),
                     block.tags if inner_tags is None else inner_tags)
     outer_idxs = tuple(N.Index(outer_name[i.name], -(-i.range // tiled[i.name]))
                        for i in loops if i.name in tiled) + tuple(passed)

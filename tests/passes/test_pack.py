@@ -1,7 +1,7 @@
 """pack (polytile/passes/pack.py): an operand that a contraction reads with a non-unit
-stride along the vector index, and reuses across another index, is copied once into a
-layout where that index is innermost. Golden text before and after, and the same
-results from the IR interpreter."""
+stride along the vector index, and reuses across another index, is copied once into
+panels as wide as the micro-kernel's vector tile, with that index innermost. Golden
+text before and after, and the same results from the IR interpreter."""
 from __future__ import annotations
 
 from polytile.ir import nodes as N
@@ -14,14 +14,24 @@ MM = "def mm(float(M,K) A, float(K,N) B) -> (C) {\n  C(m,n) +=! A(m,kk) * B(kk,n
 AVX512 = target("cpu-avx512")
 
 
-def test_tmm_reads_a_transposed_copy_of_b() -> None:
+def test_tmm_reads_b_in_panels() -> None:
+    # N = 29 < 32: one panel of 16 lanes is full, the second has 13; the contraction's
+    # n splits into (n_o, n) with a constraint that removes the overflow.
     before = lowered(TMM, {"A": (37, 53), "B": (29, 53)})
     after = pack(before, AVX512, {"min_reuse": 4})
     names = [s.name for s in after.body.stmts if isinstance(s, N.Block)]
-    assert names == ["s0_init", "pack_B_packed0", "s0"]
+    assert names == ["s0_init", "pack_B_panels0", "s0"]
     (packed,) = [r for r in after.body.refs if r.dir == "none"]
-    assert packed.shape.sizes == (53, 29)
+    assert packed.shape.sizes == (2, 53, 16)
     check_pass("pack_tmm", before, after)
+
+
+def test_wide_panels_take_two_vectors() -> None:
+    before = lowered(TMM, {"A": (37, 53), "B": (70, 53)})
+    after = pack(before, AVX512, {"min_reuse": 4})
+    (packed,) = [r for r in after.body.refs if r.dir == "none"]
+    assert packed.shape.sizes == (3, 53, 32)
+    check_pass("pack_tmm_wide", before, after)
 
 
 def test_nothing_to_pack() -> None:
