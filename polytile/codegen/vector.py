@@ -45,6 +45,7 @@ _LANEWISE = {"sqrt": "sqrtf({})", "rsqrt": "1.0f / sqrtf({})", "fabs": "fabsf({}
              "trunc": "truncf({})", "round": "roundf({})"}
 _VMATH = {"exp": "pt_vexp", "log": "pt_vlog", "tanh": "pt_vtanh", "erf": "pt_verf",
           "sigmoid": "pt_vsigmoid"}
+DOT_CHAINS = 4      # independent accumulator chains a dot-product kernel keeps at least
 _IDENTITY = {"add": "0.0f", "mul": "1.0f", "max": "-__builtin_inff()", "min": "__builtin_inff()"}
 SUPPORTED_OPS = (frozenset(_INFIX) | frozenset(_LANEWISE) | VECTOR_MATH_OPS
                  | {"neg", "fmax", "fmin", "relu", "ident", "cast"})
@@ -350,34 +351,45 @@ class _Emitter:
     def dot(self, idx: dict[str, Affine], combos: list[dict[str, int]]) -> list[str]:
         p = self.p
         chunk = self.w.fresh("i")
-        pre, post = [], []
-        full_body: list[str] = []
-        tail_body: list[str] = []
-        accs = []
         tail = p.vec_range % p.lanes
         start = p.vec_range - tail
-        for combo in combos:
-            acc = self.w.fresh("acc")
-            accs.append(acc)
-            pre.append(f"pt_vf {acc} = pt_vsplat({_IDENTITY[p.agg]});")
-        for body, base_expr, n in ((full_body, Affine.index(chunk), p.lanes),
-                                   (tail_body, Affine.constant(start), tail)):
-            if n == 0:
-                continue
+        # With few accumulators, each gets DOT_CHAINS // len(combos) copies fed by
+        # consecutive chunks: one chain of vector adds (or max) would wait for the
+        # previous result every chunk.
+        copies = max(1, min(DOT_CHAINS // len(combos), start // p.lanes))
+        accs = [[self.w.fresh("acc") for _ in combos] for _ in range(copies)]
+        pre = [f"pt_vf {a} = pt_vsplat({_IDENTITY[p.agg]});" for row in accs for a in row]
+
+        def step(base: Affine, n: int, row: list[str]) -> list[str]:
+            body: list[str] = []
             memo: dict = {}
-            for combo, acc in zip(combos, accs):
+            for combo, acc in zip(combos, row):
                 at = dict(idx)
                 at.update({u: Affine.constant(v) for u, v in combo.items()})
-                at[p.vector] = base_expr
+                at[p.vector] = base
                 value, is_vec = self.value(self.store.value, at, combo, 0, n, memo, body)
                 value = value if is_vec else f"pt_vsplat({value})"
                 if n < p.lanes:
                     value = f"pt_vsel(pt_viota() < {n}, {value}, pt_vsplat({_IDENTITY[p.agg]}))"
                 body.append(f"{acc} = {self._combine(p.agg, acc, value)};")
-        loop = [f"for (int64_t {chunk} = 0; {chunk} < {start}; {chunk} += {p.lanes}) {{"]
-        inner = (loop + _ind(full_body) + ["}"] if start else []) + tail_body
+            return body
+
+        stride = copies * p.lanes
+        inner = [f"int64_t {chunk} = 0;"]
+        if start >= stride:
+            unrolled = [x for j in range(copies)
+                        for x in step(Affine.index(chunk) + j * p.lanes, p.lanes, accs[j])]
+            inner += [f"for (; {chunk} + {stride} <= {start}; {chunk} += {stride}) {{",
+                      *_ind(unrolled), "}"]
+        if start % stride:
+            inner += [f"for (; {chunk} < {start}; {chunk} += {p.lanes}) {{",
+                      *_ind(step(Affine.index(chunk), p.lanes, accs[0])), "}"]
+        if tail:
+            inner += step(Affine.constant(start), tail, accs[0])
+        post = [f"{acc} = {self._combine(p.agg, acc, row[k])};"
+                for row in accs[1:] for k, acc in enumerate(accs[0])]
         reduce = {"add": "pt_vhsum", "max": "pt_vhmax", "min": "pt_vhmin", "mul": "pt_vhprod"}
-        for combo, acc in zip(combos, accs):
+        for combo, acc in zip(combos, accs[0]):
             at = dict(idx)
             at.update({u: Affine.constant(v) for u, v in combo.items()})
             view = child_view(self.out, self.outer.views[self.out.from_], at)

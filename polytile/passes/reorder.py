@@ -1,0 +1,74 @@
+"""reorder: loop order of the kernels that run scalar code, by memory layout.
+
+A Stripe block's iterations are independent (they meet only through aggregation), so
+its loop order is free; the C generator emits loops in index order. For each leaf
+kernel block that the vector generator does not take (no `vec=` tag: integer code,
+gathers, copies, targets without vectors), the loops are sorted by the stride each
+index has in the block's views, largest first, so that the innermost loop walks
+memory with stride one. Of equal strides, a parallel index goes inside a reduction
+index: consecutive iterations then update different elements, not one accumulator.
+
+    block s [i:64, j:32] (                           block s [j:32, i:64] (
+      out B <- B[j, i] float32(1:64, 1:1)     ->        ... same refs ...
+      in A <- A[i, j] float32(1:32, 1:1) )            )
+
+Passed-in indices keep their place (after the loops; they are not loops).
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from polytile.ir import nodes as N
+from polytile.passes.pipeline import PASSES
+from polytile.passes.schedule import _is_parallel
+from polytile.targets.target import Target
+
+
+def _strides(block: N.Block, index: str) -> tuple[int, int]:
+    """(largest stride of `index` in the written views, largest in all views)."""
+    def stride(refs: list[N.Refinement]) -> int:
+        return max((abs(a.coeff(index)) * d.stride for r in refs
+                    for a, d in zip(r.access, r.shape.dims)), default=0)
+    written = [r for r in block.refs if r.dir in ("out", "inout")]
+    return stride(written), stride(list(block.refs))
+
+
+def reorder_block(block: N.Block) -> N.Block:
+    loops = [i for i in block.idxs if i.affine is None]
+    if len(loops) < 2:
+        return block
+
+    def key(i: N.Index) -> tuple[int, int, bool]:
+        written, any_view = _strides(block, i.name)
+        return (-any_view, -written, _is_parallel(block, i.name))
+
+    ordered = sorted(loops, key=key)
+    if ordered == loops:
+        return block
+    return replace(block, idxs=tuple(ordered) + tuple(i for i in block.idxs
+                                                      if i.affine is not None))
+
+
+def _scalar_leaf(s: N.Block) -> bool:
+    return (("kernel" in s.tags or "regtile" in s.tags)
+            and not any(isinstance(x, N.Block) for x in s.stmts)
+            and not any(t.startswith("vec=") for t in s.tags))
+
+
+def _walk(block: N.Block) -> N.Block:
+    stmts = []
+    for s in block.stmts:
+        if isinstance(s, N.Block):
+            s = reorder_block(s) if _scalar_leaf(s) else _walk(s)
+        stmts.append(s)
+    return replace(block, stmts=tuple(stmts))
+
+
+def reorder(fn: N.Function, target: Target, params: dict[str, Any]) -> N.Function:
+    if not params.get("enabled", True):
+        return fn
+    return replace(fn, body=_walk(fn.body))
+
+
+PASSES["reorder"] = reorder
