@@ -7,6 +7,7 @@
     polytile cache export FILE | import FILE
     polytile cache inject FILE.tc --sizes ... --options JSON|@FILE [--function NAME]
     polytile bench [--quick] [--only NAME[,NAME]] [--latency] [--no-write] [--repeats N]
+                   [--no-compile]
 """
 from __future__ import annotations
 
@@ -133,7 +134,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def _add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     # Declared here, not in polytile.bench, so that parsing imports nothing of the bench.
     parser.add_argument("--quick", action="store_true",
-                        help="small sizes and short blocks: a smoke run of about a minute")
+                        help="small sizes and short blocks: a smoke run of about a minute, "
+                             "torch.compile included (it adds ~10 s, or ~50 s while "
+                             "inductor's on-disk cache is cold; --no-compile skips it)")
     parser.add_argument("--only", type=_names, default=None, metavar="NAME[,NAME]",
                         help="only these workloads (a family like tmm, or a full name like "
                              "'tmm 128x32x256'); with --latency, these examples")
@@ -144,6 +147,10 @@ def _add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=_positive, default=None, metavar="N",
                         help="timing rounds per workload (default 5, quick 3); with "
                              "--latency, processes per example (default 3, quick 1)")
+    parser.add_argument("--no-compile", action="store_true",
+                        help="skip the torch.compile column (compiling takes 0.1-5 s per "
+                             "workload, and ~30 s more for inductor's first C++ build while "
+                             "its on-disk cache is cold)")
     parser.add_argument("--backend", choices=("c", "interp"), default="c",
                         help=argparse.SUPPRESS)
     parser.add_argument("--blas-env-removed", default="", help=argparse.SUPPRESS)

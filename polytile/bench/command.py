@@ -1,11 +1,13 @@
 """`polytile bench`: the command's flow, from arguments to the table and RESULTS.md.
 
     polytile bench [--quick] [--only NAME[,NAME]] [--latency] [--no-write] [--repeats N]
+                   [--no-compile]
 
 (the arguments are declared in polytile.cli, so that parsing imports no bench code).
 
 Throughput (default): machine facts, the measured peak, then every workload checked
-against NumPy and timed against NumPy and PyTorch, one table, written to
+against NumPy and timed against NumPy, PyTorch eager and torch.compile (unless
+--no-compile; each compile time is printed as it happens), one table, written to
 benchmarks/RESULTS.md (relative to the current directory). --latency instead measures
 first-call, cached-call and dispatch latency. The exit status is 1 when polytile gives a
 WRONG result anywhere; a workload polytile cannot compile is FAILED in the table.
@@ -55,12 +57,11 @@ def command_text(args: argparse.Namespace) -> str:
 
 def _throughput(args: argparse.Namespace, facts: dict[str, str], command: str,
                 date: str, busy: str) -> int:
-    from polytile.bench.harness import run_workload
+    from polytile.bench.harness import COMPILED, run_workload
     from polytile.bench.peak import measure_peak
     from polytile.bench.report import (
-        format_text,
-        results_table,
         throughput_markdown,
+        throughput_text,
         write_section,
         wrong_banner,
     )
@@ -88,11 +89,17 @@ def _throughput(args: argparse.Namespace, facts: dict[str, str], command: str,
     for i, w in enumerate(workloads, 1):
         print(f"[{i}/{len(workloads)}] {w.name} ({time.perf_counter() - start:.0f} s)",
               file=sys.stderr, flush=True)
-        rows.extend(run_workload(w, backend=args.backend, options=options))
+        workload_rows = run_workload(w, backend=args.backend, options=options,
+                                     use_compile=not args.no_compile)
+        rows.extend(workload_rows)
+        compile_seconds = workload_rows[0].outcomes[COMPILED].compile_seconds
+        if compile_seconds is not None:
+            print(f"  torch.compile: {compile_seconds:.1f} s to compile", file=sys.stderr,
+                  flush=True)
     facts = {**facts, "load average": f"{facts['load average']} at start, "
                                       f"{load_average()} at end"}
     print()
-    print(format_text(*results_table(rows, peak)))
+    print(throughput_text(rows, peak))
     banner = wrong_banner(rows)
     if banner:
         print("\n" + banner, file=sys.stderr)
@@ -188,6 +195,8 @@ def _argv(args: argparse.Namespace) -> list[str]:
         argv.append("--no-write")
     if args.repeats is not None:
         argv.append(f"--repeats={args.repeats}")
+    if args.no_compile:
+        argv.append("--no-compile")
     if args.backend != "c":
         argv.append(f"--backend={args.backend}")
     return argv

@@ -8,12 +8,19 @@ A memory-bound workload gives two rows: fresh outputs, and preallocated `out=` b
 caught). Nothing here raises for a broken implementation: a compile error or an
 exception becomes FAILED with the error text, a result off by more than the stated
 tolerance becomes WRONG, and the other implementations are still timed.
+
+"torch.compile" is the workload's PyTorch version through `torch.compile` (inductor),
+compiled once per workload by its first call, whose time is kept apart from the timing
+as the outcome's `compile_seconds`. When compiling fails (no C++ compiler, an inductor
+error) the implementation is n/a with the error as the reason, not FAILED: the compiler
+of the comparison is missing, not an implementation broken.
 """
 from __future__ import annotations
 
 import gc
+import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -21,7 +28,8 @@ import numpy as np
 from polytile.bench.timing import Timing, TimingOptions, time_blocks
 from polytile.bench.workload import Arrays, Workload
 
-IMPLS = ("polytile", "numpy", "torch")
+COMPILED = "torch.compile"
+IMPLS = ("polytile", "numpy", "torch", COMPILED)
 FRESH, PREALLOCATED = "fresh", "out="
 
 
@@ -32,6 +40,7 @@ class Outcome:
     status: str                 # "ok", "WRONG", "FAILED", "n/a"
     detail: str = ""            # error text, mismatch summary, or why n/a
     timing: Timing | None = None
+    compile_seconds: float | None = None    # torch.compile's first call, kept out of timing
 
 
 @dataclass(frozen=True)
@@ -54,24 +63,39 @@ class _Impl:
     call: Callable[[], Any]
     results: Callable[[Any], Arrays]      # the call's return value -> NumPy arrays
     reset: Callable[[], None] = lambda: None   # before the checking call (NaN-fill out=)
+    compile_seconds: float | None = None
+
+
+@dataclass(frozen=True)
+class _Compiled:
+    """torch.compile's version after its first (compiling) call, or why there is none."""
+
+    call: Callable[..., Any] | None
+    seconds: float | None = None
+    error: str = ""
 
 
 def run_workload(workload: Workload, *, backend: str = "c",
                  options: TimingOptions | None = None, use_torch: bool = True,
-                 seed: int = 0, clock: Callable[[], float] | None = None,
+                 use_compile: bool = True, seed: int = 0,
+                 clock: Callable[[], float] | None = None,
                  sleep: Callable[[float], None] | None = None) -> list[Row]:
     """Check and time `workload`; one row per variant."""
     args = workload.make_inputs(np.random.default_rng(seed))
     expected = as_tuple(workload.numpy(*args))
     function, compile_error = _define(workload, backend)
     torch_args = _torch_inputs(args) if use_torch and workload.torch is not None else None
+    compiled = (_compile_torch(workload.torch, torch_args)
+                if use_compile and torch_args is not None and workload.torch is not None
+                else None)
     variants = (FRESH, PREALLOCATED) if workload.memory_bound else (FRESH,)
     options = options or TimingOptions()
     timing_kw: dict[str, Any] = {k: v for k, v in (("clock", clock), ("sleep", sleep)) if v}
     rows = []
     for variant in variants:
         impls, outcomes = _impls(workload, variant, args, expected, function, torch_args,
-                                 use_torch)
+                                 compiled)
+        outcomes.update(_unused(workload, torch_args, use_torch, impls, outcomes))
         if compile_error is not None:
             outcomes["polytile"] = Outcome("FAILED", compile_error)
         for name, impl in impls.items():
@@ -79,9 +103,9 @@ def run_workload(workload: Workload, *, backend: str = "c",
         runnable = {n: impls[n].call for n in IMPLS
                     if n in impls and outcomes[n].status in ("ok", "WRONG")}
         for name, timing in _time(runnable, options, outcomes, timing_kw).items():
-            outcomes[name] = Outcome(outcomes[name].status, outcomes[name].detail, timing)
+            outcomes[name] = replace(outcomes[name], timing=timing)
         rows.append(Row(workload, variant, {n: outcomes[n] for n in IMPLS}))
-    del args, expected, torch_args
+    del args, expected, torch_args, compiled
     gc.collect()
     return rows
 
@@ -136,8 +160,24 @@ def _torch_inputs(args: Arrays) -> tuple[Any, ...] | None:
     return tuple(torch.from_numpy(a) for a in args)
 
 
+def _compile_torch(fn: Callable[..., Any], torch_args: tuple[Any, ...]) -> _Compiled:
+    """torch.compile(fn), compiled by one call on the workload's inputs."""
+    try:
+        import torch._dynamo
+        # Workloads of one family share their lambdas' code objects; without a reset,
+        # dynamo would see a second size of the same code and recompile it for dynamic
+        # shapes, a slower kernel than the first size got.
+        torch._dynamo.reset()
+        compiled = torch.compile(fn)
+        start = time.perf_counter()
+        compiled(*torch_args)
+        return _Compiled(compiled, time.perf_counter() - start)
+    except Exception as e:  # noqa: BLE001 - a missing compiler is n/a, never a crash
+        return _Compiled(None, error="failed to compile: " + error_text(e))
+
+
 def _impls(workload: Workload, variant: str, args: Arrays, expected: Arrays, function: Any,
-           torch_args: tuple[Any, ...] | None, use_torch: bool
+           torch_args: tuple[Any, ...] | None, compiled: _Compiled | None
            ) -> tuple[dict[str, _Impl], dict[str, Outcome]]:
     impls: dict[str, _Impl] = {}
     missing: dict[str, Outcome] = {}
@@ -148,6 +188,12 @@ def _impls(workload: Workload, variant: str, args: Arrays, expected: Arrays, fun
         torch_fn = workload.torch
         if torch_args is not None and torch_fn is not None:
             impls["torch"] = _Impl(lambda: torch_fn(*torch_args), _tensors_to_numpy)
+            if compiled is not None and compiled.call is not None:
+                compiled_fn = compiled.call
+                impls[COMPILED] = _Impl(lambda: compiled_fn(*torch_args), _tensors_to_numpy,
+                                        compile_seconds=compiled.seconds)
+            elif compiled is not None:
+                missing[COMPILED] = Outcome("n/a", compiled.error)
     else:
         if function is not None:
             impls["polytile"] = _preallocated(lambda out: function(*args, out=out), expected)
@@ -160,11 +206,19 @@ def _impls(workload: Workload, variant: str, args: Arrays, expected: Arrays, fun
             impls["torch"] = _torch_preallocated(workload, torch_args, expected)
         elif torch_args is not None:
             missing["torch"] = Outcome("n/a", "no out= version in torch eager")
-    if "torch" not in impls and "torch" not in missing:
-        reason = "torch not used" if not use_torch else (
-            "torch not installed" if torch_args is None and workload.torch else "no torch version")
-        missing["torch"] = Outcome("n/a", reason)
+        if compiled is not None:
+            missing[COMPILED] = Outcome("n/a", "no out= version")
     return impls, missing
+
+
+def _unused(workload: Workload, torch_args: tuple[Any, ...] | None, use_torch: bool,
+            impls: dict[str, _Impl], outcomes: dict[str, Outcome]) -> dict[str, Outcome]:
+    """n/a, with the reason, for the torch implementations that took no part."""
+    # The last reason can only be torch.compile's: eager takes part once its inputs exist.
+    reason = ("torch not used" if not use_torch else "no torch version" if workload.torch is None
+              else "torch not installed" if torch_args is None else "not used")
+    return {name: Outcome("n/a", reason) for name in ("torch", COMPILED)
+            if name not in impls and name not in outcomes}
 
 
 def _preallocated(call: Callable[[Arrays], Any], expected: Arrays) -> _Impl:
@@ -202,8 +256,9 @@ def _check(impl: _Impl, expected: Arrays, workload: Workload) -> Outcome:
         impl.reset()
         got = impl.results(impl.call())
     except Exception as e:  # noqa: BLE001
-        return Outcome("FAILED", error_text(e))
-    return compare(got, expected, workload.rtol, workload.atol)
+        return Outcome("FAILED", error_text(e), compile_seconds=impl.compile_seconds)
+    return replace(compare(got, expected, workload.rtol, workload.atol),
+                   compile_seconds=impl.compile_seconds)
 
 
 def _time(runnable: dict[str, Callable[[], Any]], options: TimingOptions,

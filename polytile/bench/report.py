@@ -1,12 +1,14 @@
 """The bench's one table, as aligned text for the terminal and as markdown for RESULTS.md.
 
-    print(format_text(*results_table(rows, peak)))
+    print(throughput_text(rows, peak))
     write_section(Path("benchmarks/RESULTS.md"), "throughput", markdown_text)
 
 Ratios are speedups of polytile: NumPy's time over polytile's, so 2.00x means polytile
-takes half the time. The rate is polytile's, in GFLOP/s (compute-bound workloads) or
-GB/s of compulsory traffic (memory-bound ones), and "% peak" holds it against the FMA
-peak with all cores or the best STREAM bandwidth measured in the same run.
+takes half the time; "vs compile" holds it against torch.compile. An n/a cell points to
+a footnote with its reason (no out= version, failed to compile, ...). The rate is
+polytile's, in GFLOP/s (compute-bound workloads) or GB/s of compulsory traffic
+(memory-bound ones), and "% peak" holds it against the FMA peak with all cores or the
+best STREAM bandwidth measured in the same run.
 RESULTS.md is made of sections, each replaced only by the kind of run that wrote it.
 """
 from __future__ import annotations
@@ -17,14 +19,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from polytile.bench.harness import IMPLS, Row
+from polytile.bench.harness import COMPILED, IMPLS, Outcome, Row
 from polytile.bench.latency import DispatchResult, LatencyRow, median_of
 from polytile.bench.peak import Peak
+from polytile.bench.targets import BANDWIDTH_FRACTION, memory_bound_targets
 
-HEADER = ("workload", "polytile ms", "NumPy ms", "torch ms", "vs NumPy", "vs torch",
-          "rate", "% peak", "check")
+HEADER = ("workload", "polytile ms", "NumPy ms", "torch ms", "torch.compile ms", "vs NumPy",
+          "vs torch", "vs compile", "rate", "% peak", "check")
 _DETAIL_WIDTH = 60
-_DISPLAY = {"polytile": "polytile", "numpy": "NumPy", "torch": "torch"}
+_DISPLAY = {"polytile": "polytile", "numpy": "NumPy", "torch": "torch", COMPILED: COMPILED}
+_Notes = dict[tuple[str, str], int]     # (impl, reason it is n/a) -> footnote number
 FILE_TITLE = ("# polytile benchmark results\n\n"
               "Written by `polytile bench`. Each section below is replaced by the next run of "
               "the kind that wrote it; numbers are same-run medians.\n")
@@ -42,22 +46,60 @@ def milliseconds(seconds: float | None) -> str:
 
 def results_table(rows: Sequence[Row], peak: Peak | None, *, detail_width: int | None
                   = _DETAIL_WIDTH) -> tuple[tuple[str, ...], list[tuple[str, ...]]]:
-    """HEADER and one line of cells per row."""
+    """HEADER and one line of cells per row; n/a cells point to `na_footnotes(rows)`."""
+    notes = _na_notes(rows)
     lines = []
     for row in rows:
         cells = [row.label]
         for impl in IMPLS:
             outcome = row.outcomes[impl]
             cells.append(milliseconds(outcome.timing.median) if outcome.timing
-                         else outcome.status)
+                         else _status_cell(impl, outcome, notes))
         ours = row.seconds("polytile")
-        for other in ("numpy", "torch"):
+        for other in IMPLS[1:]:
             theirs = row.seconds(other)
             cells.append(f"{theirs / ours:.2f}x" if ours and theirs else "")
         cells.extend(_rate(row, ours, peak))
         cells.append(_check_cell(row, detail_width))
         lines.append(tuple(cells))
     return HEADER, lines
+
+
+def throughput_text(rows: Sequence[Row], peak: Peak | None) -> str:
+    """The results table, its footnotes and the memory-bound target, for the terminal."""
+    parts = [format_text(*results_table(rows, peak)), "\n".join(na_footnotes(rows, 150))]
+    header, targets = memory_bound_targets(rows, peak)
+    if targets:
+        parts.append(f"memory-bound target: >= {BANDWIDTH_FRACTION:g} of measured bandwidth "
+                     "or faster than torch.compile\n" + format_text(header, targets))
+    return "\n\n".join(p for p in parts if p)
+
+
+def na_footnotes(rows: Sequence[Row], width: int) -> list[str]:
+    """One line per distinct n/a reason: "[1] torch: no out= version in torch eager"."""
+    return [f"[{number}] {_DISPLAY[impl]}: {_squeezed(reason, width)}"
+            for (impl, reason), number in _na_notes(rows).items()]
+
+
+def _na_notes(rows: Sequence[Row]) -> _Notes:
+    notes: _Notes = {}
+    for row in rows:
+        for impl in IMPLS:
+            outcome = row.outcomes[impl]
+            if outcome.status == "n/a" and outcome.detail:
+                notes.setdefault((impl, outcome.detail), len(notes) + 1)
+    return notes
+
+
+def _status_cell(impl: str, outcome: Outcome, notes: _Notes) -> str:
+    number = notes.get((impl, outcome.detail))
+    return f"{outcome.status} [{number}]" if outcome.status == "n/a" and number else outcome.status
+
+
+def _squeezed(text: str, width: int) -> str:
+    """All of an error on one line (torch's first line often only names the backend)."""
+    line = " ".join(text.split())
+    return line if len(line) <= width else line[:width - 3] + "..."
 
 
 def _rate(row: Row, seconds: float | None, peak: Peak | None) -> tuple[str, str]:
@@ -78,7 +120,7 @@ def _rate(row: Row, seconds: float | None, peak: Peak | None) -> tuple[str, str]
 def _check_cell(row: Row, width: int | None) -> str:
     ours = row.outcomes["polytile"]
     text = ours.status if not ours.detail else f"{ours.status}: {_one_line(ours.detail)}"
-    others = [f"{impl} {row.outcomes[impl].status}" for impl in ("numpy", "torch")
+    others = [f"{impl} {row.outcomes[impl].status}" for impl in IMPLS[1:]
               if row.outcomes[impl].status in ("WRONG", "FAILED")]
     if others:
         text += " (" + ", ".join(others) + ")"
@@ -119,6 +161,7 @@ def spread_table(rows: Sequence[Row]) -> tuple[tuple[str, ...], list[tuple[str, 
     """Median and p10-p90 in ms for every implementation, and the number of samples."""
     header = ("workload", *(f"{_DISPLAY[impl]} ms: median [p10–p90] (samples)"
                             for impl in IMPLS))
+    notes = _na_notes(rows)
     lines = []
     for row in rows:
         cells = [row.label]
@@ -126,7 +169,7 @@ def spread_table(rows: Sequence[Row]) -> tuple[tuple[str, ...], list[tuple[str, 
             t = row.outcomes[impl].timing
             cells.append(f"{milliseconds(t.median)} [{milliseconds(t.p10)}–"
                          f"{milliseconds(t.p90)}] ({len(t.samples)})" if t else
-                         row.outcomes[impl].status)
+                         _status_cell(impl, row.outcomes[impl], notes))
         lines.append(tuple(cells))
     return header, lines
 
@@ -158,12 +201,24 @@ def throughput_markdown(rows: Sequence[Row], peak: Peak | None, peak_error: str 
         out += ["", "### WRONG RESULTS", "", "```", banner, "```"]
     out += ["", "### Results", "", format_markdown(*results_table(rows, peak, detail_width=120)),
             ""]
-    out += [("Ratios are polytile's speedup (the other's time / polytile's time); rate and % "
+    out += [f"- {note}" for note in na_footnotes(rows, 400)]
+    out += ["", ("Ratios are polytile's speedup (the other's time / polytile's time); rate and % "
             "peak are polytile's: GFLOP/s against the all-core FMA peak, or GB/s of compulsory "
             "traffic (inputs read once, outputs written once) against the best STREAM figure. "
             "Rows marked `out=` write into preallocated outputs; the others allocate them "
             "per call. `check` compares with NumPy: |ours - NumPy| <= atol + rtol·|NumPy| "
-            "elementwise, with the tolerances listed under Workloads."), ""]
+            "elementwise, with the tolerances listed under Workloads. torch.compile is "
+            "PyTorch's version through `torch.compile` (inductor, default options), compiled "
+            "once per workload by a first call that is not timed; its compile time is listed "
+            "under Workloads (the first workload's includes inductor's one-time start-up, and "
+            "inductor's on-disk cache makes reruns compile faster)."), ""]
+    header, targets = memory_bound_targets(rows, peak)
+    if targets:
+        out += ["### Memory-bound target", "",
+                format_markdown(header, targets), "",
+                (f"Issue 4: at least {BANDWIDTH_FRACTION:g} of the measured bandwidth (the best "
+                 "STREAM figure above) or faster than torch.compile, whichever is weaker. Rows "
+                 "with fresh outputs only: torch.compile has no out= variant."), ""]
     out += ["### Spread", "", format_markdown(*spread_table(rows), text_columns=(0,)), ""]
     out += ["### Workloads", ""]
     seen = set()
@@ -175,6 +230,9 @@ def throughput_markdown(rows: Sequence[Row], peak: Peak | None, peak_error: str 
         work = (f"{w.bytes / 1e6:.4g} MB moved" if w.memory_bound
                 else f"{w.flops / 1e6:.4g} MFLOP")
         note = f"; {w.note}" if w.note else ""
+        compile_seconds = row.outcomes[COMPILED].compile_seconds
+        if compile_seconds is not None:
+            note += f"; torch.compile took {compile_seconds:.1f} s to compile"
         out.append(f"- {w.name}: `{w.function}` with {w.size_text}; {work}; "
                    f"rtol {w.rtol:g}, atol {w.atol:g}{note}")
     failures = [(r.label, impl, r.outcomes[impl].detail) for r in rows for impl in IMPLS

@@ -13,9 +13,19 @@ import numpy as np
 import pytest
 
 from polytile.bench import command, latency, report
-from polytile.bench.harness import FRESH, IMPLS, PREALLOCATED, compare, run_workload
+from polytile.bench.harness import (
+    COMPILED,
+    FRESH,
+    IMPLS,
+    PREALLOCATED,
+    Outcome,
+    Row,
+    compare,
+    run_workload,
+)
 from polytile.bench.peak import Peak, measure_peak
-from polytile.bench.timing import TimingOptions, percentile, rotation, time_blocks
+from polytile.bench.targets import memory_bound_targets
+from polytile.bench.timing import Timing, TimingOptions, percentile, rotation, time_blocks
 from polytile.bench.workloads import quick_set, select
 
 FAST = TimingOptions(rounds=2, block_seconds=0.001, settle_seconds=0.0, discard_calls=1,
@@ -46,7 +56,8 @@ def test_compute_bound_workload_gives_one_checked_row() -> None:
     assert header == report.HEADER
     assert len(lines) == 1 and len(lines[0]) == len(header)
     assert lines[0][0] == row.label and lines[0][-1] == "ok"
-    assert lines[0][6].endswith("GFLOP/s") and lines[0][7].endswith("%")
+    assert lines[0][header.index("rate")].endswith("GFLOP/s")
+    assert lines[0][header.index("% peak")].endswith("%")
 
 
 def test_memory_bound_workload_is_reported_fresh_and_preallocated() -> None:
@@ -55,8 +66,9 @@ def test_memory_bound_workload_is_reported_fresh_and_preallocated() -> None:
     assert all(r.outcomes["polytile"].status == "ok" for r in rows)
     assert rows[1].label.endswith("out=")
     assert rows[0].outcomes["torch"].status == "n/a"
-    text = report.format_text(*report.results_table(rows, None))
-    assert "GB/s" in text and "n/a" in text
+    assert rows[0].outcomes[COMPILED].detail == "torch not used"
+    text = report.throughput_text(rows, None)
+    assert "GB/s" in text and "n/a [1]" in text and "[1] torch: torch not used" in text
 
 
 def test_wrong_result_is_flagged_loudly() -> None:
@@ -92,6 +104,90 @@ def test_compile_failure_is_failed_not_a_crash() -> None:
     assert row.outcomes["numpy"].timing is not None
     _, lines = report.results_table([row], PEAK)
     assert lines[0][1] == "FAILED" and lines[0][-1].startswith("FAILED")
+
+
+def test_torch_compile_is_checked_timed_and_tabled_next_to_eager() -> None:
+    pytest.importorskip("torch")
+    fresh, preallocated = _run(_quick("softmax"))
+    compiled = fresh.outcomes[COMPILED]
+    assert compiled.status == "ok" and compiled.timing is not None
+    assert compiled.compile_seconds is not None and compiled.compile_seconds > 0
+    assert preallocated.outcomes[COMPILED].status == "n/a"
+    assert preallocated.outcomes[COMPILED].detail == "no out= version"
+    header, lines = report.results_table([fresh, preallocated], PEAK)
+    assert header.index("torch.compile ms") == header.index("torch ms") + 1
+    assert header.index("vs compile") == header.index("vs torch") + 1
+    assert lines[0][header.index("vs compile")].endswith("x")
+    assert lines[1][header.index("torch.compile ms")].startswith("n/a [")
+    markdown = report.throughput_markdown([fresh, preallocated], PEAK, None, {}, "bench",
+                                          "today", "Throughput")
+    assert "| torch.compile ms | vs NumPy | vs torch | vs compile |" in markdown
+    assert "torch.compile ms: median" in markdown          # the Spread table
+    assert "torch.compile took" in markdown                # the compile time, under Workloads
+    assert "### Memory-bound target" in markdown
+
+
+def test_no_compile_leaves_torch_compile_out() -> None:
+    pytest.importorskip("torch")
+    (row,) = _run(_quick("tmm"), use_compile=False)
+    assert row.outcomes["torch"].status == "ok"
+    assert row.outcomes[COMPILED] == Outcome("n/a", "not used")
+
+
+@pytest.mark.parametrize("fails_at", ["compile", "first call"])
+def test_failing_torch_compile_is_na_with_its_reason(monkeypatch: pytest.MonkeyPatch,
+                                                     fails_at: str) -> None:
+    torch = pytest.importorskip("torch")
+
+    def no_compiler(*_: object) -> None:
+        raise RuntimeError("InvalidCxxCompiler: No working C++ compiler found")
+    monkeypatch.setattr(torch, "compile", no_compiler if fails_at == "compile"
+                        else lambda fn: no_compiler)
+    (row,) = _run(_quick("tmm"))
+    compiled = row.outcomes[COMPILED]
+    assert compiled.status == "n/a" and "No working C++ compiler" in compiled.detail
+    assert compiled.timing is None and compiled.compile_seconds is None
+    assert all(row.outcomes[n].timing is not None for n in ("polytile", "numpy", "torch"))
+    header, lines = report.results_table([row], PEAK)
+    assert lines[0][header.index("torch.compile ms")] == "n/a [1]"
+    assert lines[0][header.index("vs compile")] == ""
+    assert lines[0][-1] == "ok"
+    (note,) = report.na_footnotes([row], 400)
+    assert note.startswith("[1] torch.compile: failed to compile: RuntimeError")
+
+
+def test_torch_compile_result_is_checked_against_numpy(monkeypatch: pytest.MonkeyPatch) -> None:
+    torch = pytest.importorskip("torch")
+    monkeypatch.setattr(torch, "compile", lambda fn: lambda *args: fn(*args) + 1)
+    (row,) = _run(_quick("tmm"))
+    assert row.outcomes["torch"].status == "ok"
+    assert row.outcomes[COMPILED].status == "WRONG"
+    assert "elements off" in row.outcomes[COMPILED].detail
+    _, lines = report.results_table([row], PEAK)
+    assert lines[0][-1] == "ok (torch.compile WRONG)"
+
+
+def _timed(seconds: float | None, status: str = "ok") -> Outcome:
+    return Outcome(status, timing=Timing((seconds,), 1) if seconds else None)
+
+
+@pytest.mark.parametrize("polytile_s, compile_s, verdict", [
+    (0.5, 0.6, "met: faster than torch.compile"),
+    (0.1, 0.05, "met: ≥ 0.7 of bandwidth"),      # 10 GB/s of PEAK's 12
+    (0.5, 0.05, "missed"),
+    (0.5, None, "missed (no torch.compile time)"),
+])
+def test_memory_bound_target_is_compile_or_bandwidth(polytile_s: float,
+                                                     compile_s: float | None,
+                                                     verdict: str) -> None:
+    workload = dataclasses.replace(_quick("softmax"), bytes=1e9)
+    outcomes = {"polytile": _timed(polytile_s), "numpy": _timed(1.0), "torch": _timed(1.0),
+                COMPILED: _timed(compile_s) if compile_s else Outcome("n/a", "failed")}
+    rows = [Row(workload, FRESH, outcomes), Row(workload, PREALLOCATED, outcomes)]
+    _, lines = memory_bound_targets(rows, PEAK)
+    assert len(lines) == 1                          # fresh rows only
+    assert lines[0][-1] == verdict
+    assert memory_bound_targets(rows, None)[1][0][2] == "n/a"   # no bandwidth measured
 
 
 def test_every_quick_workload_matches_numpy_on_the_interpreter() -> None:
@@ -171,7 +267,7 @@ def test_cli_bench_writes_results(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     status = cli.main(["bench", "--quick", "--only", "tmm,layernorm", "--backend", "interp"])
     assert status == 0
     out = capsys.readouterr().out
-    assert "polytile ms" in out and "layernorm 33x67 out=" in out
+    assert "polytile ms" in out and "torch.compile ms" in out and "layernorm 33x67 out=" in out
     results = (tmp_path / "benchmarks" / "RESULTS.md").read_text()
     assert "polytile bench --quick --only=tmm,layernorm --backend=interp" in results
     assert "### Measured peak" in results and "### Spread" in results
