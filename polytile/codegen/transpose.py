@@ -42,9 +42,9 @@ def _unit_index(ref: Refinement, loops: set[str]) -> str | None:
 
 def emit(w: "_FunctionWriter", blk: Block, outer: Scope) -> list[str] | None:
     lanes = [int(t.split("=", 1)[1]) for t in blk.tags if t.startswith("lanes=")]
-    if not lanes or lanes[0] not in MASKED_LANES:
+    L = w.vector_lanes or (lanes[0] if lanes else 0)      # the function's vector type
+    if L not in MASKED_LANES:
         return None
-    L = lanes[0]
     if len(blk.stmts) != 2 or not isinstance(blk.stmts[0], Load) \
             or not isinstance(blk.stmts[1], Store) or blk.stmts[0].dynamic:
         return None

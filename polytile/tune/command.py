@@ -114,6 +114,7 @@ def _inject(args: argparse.Namespace, config: Any, db: Any) -> int:
     from polytile.api import define
     from polytile.cli import _read, _specialize
     from polytile.tune.options import Options
+    from polytile.tune.tuner import program_family
 
     text = args.options
     if text.startswith("@"):
@@ -131,7 +132,7 @@ def _inject(args: argparse.Namespace, config: Any, db: Any) -> int:
     spec = _specialize(fn, args.sizes or {})
     _check_blocks(options, compiler, spec)
     key = compiler.tuning_key(spec)
-    db.inject(key, options, fn.name)
+    db.inject(key, options, fn.name, program_family(spec))
     print(f"injected options for {fn.name} ({key.signature}) into {db.path}:\n"
           f"  {options.text()}")
     return 0

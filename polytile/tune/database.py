@@ -12,16 +12,18 @@ up to a minute) and a crash leaves the last committed state. A row of `best` is
 replaced only by a faster measurement (conditional upsert inside the same
 transaction as the insert), so two tuners racing on one key keep the faster result.
 
-Schema (version 1):
+Schema (version 2; version 1 had no `family` and is migrated on first use):
 
     meta(name PRIMARY KEY, value)                   -- schema version
-    keys(key PRIMARY KEY, program, signature, target, compiler, function)
+    keys(key PRIMARY KEY, program, signature, target, compiler, function, family)
     measurements(id, key, options, options_json, status, median, spread, detail,
                  host, created, run)                -- one row per measured candidate
     best(key PRIMARY KEY, options, options_json, median, default_median, source,
          host, updated)                             -- the options later calls use
 
-`key` is TuningKey.digest(): the compilation-cache key minus the options. `median`
+`key` is TuningKey.digest(): the compilation-cache key minus the options. `family`
+identifies the program whatever its sizes (TuningKey.program hashes the lowered IR,
+sizes included), so `similar` finds the same program tuned at other shapes. `median`
 and `spread` (p90 - p10) are seconds per call; a rejected candidate has status
 compile-error, compile-timeout, crash, timeout, wrong or error and no median.
 """
@@ -48,7 +50,7 @@ from polytile.tune.options import Options
 log = logging.getLogger(__name__)
 
 DB_NAME = "tuning.sqlite3"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 EXPORT_FORMAT = "polytile-tuning"
 EXPORT_VERSION = 1
 BUSY_TIMEOUT_SECONDS = 60.0
@@ -58,7 +60,8 @@ _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS keys (
     key TEXT PRIMARY KEY, program TEXT NOT NULL, signature TEXT NOT NULL,
-    target TEXT NOT NULL, compiler TEXT NOT NULL, function TEXT NOT NULL);
+    target TEXT NOT NULL, compiler TEXT NOT NULL, function TEXT NOT NULL,
+    family TEXT NOT NULL DEFAULT '');
 CREATE TABLE IF NOT EXISTS measurements (
     id INTEGER PRIMARY KEY, key TEXT NOT NULL REFERENCES keys(key),
     options TEXT NOT NULL, options_json TEXT NOT NULL, status TEXT NOT NULL,
@@ -105,6 +108,7 @@ class BestEntry:
     source: str                  # tuned, injected or imported
     host: str
     updated: str
+    family: str = ""             # the program whatever its sizes ("": unknown)
 
 
 def host_name() -> str:
@@ -155,13 +159,13 @@ class TuningDatabase:
     # ------------------------------------------------------------ writes
     def record(self, key: TuningKey, function: str, measurements: Sequence[Measurement],
                run: str, default_median: float | None = None, *,
-               best: Measurement | None = None) -> None:
+               best: Measurement | None = None, family: str = "") -> None:
         """Store measured candidates and update the key's best entry, atomically: to the
         fastest of them if it beats the entry, or to `best` regardless (the winner of a
         confirmation that measured the contenders side by side)."""
         host, created = host_name(), now()
         with self._connect(write=True) as conn:
-            _insert_key(conn, key, function)
+            _insert_key(conn, key, function, family)
             digest = key.digest()
             for m in measurements:
                 if m.status not in STATUSES:
@@ -182,11 +186,12 @@ class TuningDatabase:
                                             fastest.options.dumps(), fastest.median,
                                             default_median, "tuned", host, created))
 
-    def inject(self, key: TuningKey, options: Options, function: str = "") -> None:
+    def inject(self, key: TuningKey, options: Options, function: str = "",
+               family: str = "") -> None:
         """A hand-written entry (TC §6.1): used by later calls until a tuner measures
         something faster."""
         with self._connect(write=True) as conn:
-            _insert_key(conn, key, function)
+            _insert_key(conn, key, function, family)
             conn.execute("INSERT OR REPLACE INTO best (key, options, options_json, median, "
                          "default_median, source, host, updated) VALUES (?,?,?,?,?,?,?,?)",
                          (key.digest(), options.text(), options.dumps(), None, None,
@@ -210,15 +215,17 @@ class TuningDatabase:
             rows = _best_rows(conn, "WHERE b.key = ?", (key.digest(),))
         return rows[0] if rows else None
 
-    def similar(self, key: TuningKey, limit: int = 4) -> list[BestEntry]:
-        """Best entries of other keys on the same target: the same program at other
-        sizes first, then the most recent others (seeds for the genetic search)."""
-        if not self.path.exists():
+    def similar(self, key: TuningKey, family: str, limit: int = 4) -> list[BestEntry]:
+        """Best entries of the same program family at other sizes on the same target,
+        most recent first (seeds for the genetic search). Other programs are left out:
+        their blocks share names like s0 but not meaning, so their schedules would be
+        random points."""
+        if not family or not self.path.exists():
             return []
         with self._connect(write=False) as conn:
-            return _best_rows(conn, "WHERE k.target = ? AND b.key != ? "
-                              "ORDER BY (k.program = ?) DESC, b.updated DESC LIMIT ?",
-                              (key.target, key.digest(), key.program, limit))
+            return _best_rows(conn, "WHERE k.target = ? AND k.family = ? AND b.key != ? "
+                              "ORDER BY b.updated DESC LIMIT ?",
+                              (key.target, family, key.digest(), limit))
 
     def entries(self) -> list[BestEntry]:
         if not self.path.exists():
@@ -256,7 +263,8 @@ class TuningDatabase:
         with self._connect(write=True) as conn:
             for item in rows:
                 key = _key_from_json(item["key"])
-                _insert_key(conn, key, str(item.get("function", "")))
+                _insert_key(conn, key, str(item.get("function", "")),
+                            str(item.get("family", "")))
                 cur = conn.execute(
                     "INSERT OR IGNORE INTO measurements (key, options, options_json, status, "
                     "median, spread, detail, host, created, run) VALUES (?,?,?,?,?,?,?,?,?,?)",
@@ -269,7 +277,8 @@ class TuningDatabase:
             for item in best:
                 key = _key_from_json(item["key"])
                 options = Options.from_json(item["options"])
-                _insert_key(conn, key, str(item.get("function", "")))
+                _insert_key(conn, key, str(item.get("function", "")),
+                            str(item.get("family", "")))
                 median = item.get("median")
                 cur = conn.execute(
                     "INSERT INTO best (key, options, options_json, median, default_median, "
@@ -308,7 +317,9 @@ def _ensure_schema(conn: sqlite3.Connection) -> None:
     except sqlite3.OperationalError:
         pass                     # no tables yet
     if row is not None:
-        if int(row[0]) != SCHEMA_VERSION:
+        if int(row[0]) == 1:
+            _migrate_from_1(conn)
+        elif int(row[0]) != SCHEMA_VERSION:
             raise PolytileError(f"tuning database schema {row[0]} is not {SCHEMA_VERSION}",
                                 hint="export it with the polytile that wrote it, or move it "
                                      "away")
@@ -331,16 +342,34 @@ def _ensure_schema(conn: sqlite3.Connection) -> None:
         raise
 
 
-def _insert_key(conn: sqlite3.Connection, key: TuningKey, function: str) -> None:
-    conn.execute("INSERT OR IGNORE INTO keys (key, program, signature, target, compiler, "
-                 "function) VALUES (?,?,?,?,?,?)",
+def _migrate_from_1(conn: sqlite3.Connection) -> None:
+    """Add keys.family (empty for the keys already there: they seed nothing)."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        # Another process may have migrated between our read and this transaction.
+        row = conn.execute("SELECT value FROM meta WHERE name = 'schema'").fetchone()
+        if int(row[0]) == 1:
+            conn.execute("ALTER TABLE keys ADD COLUMN family TEXT NOT NULL DEFAULT ''")
+            conn.execute("UPDATE meta SET value = ? WHERE name = 'schema'",
+                         (str(SCHEMA_VERSION),))
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+
+
+def _insert_key(conn: sqlite3.Connection, key: TuningKey, function: str,
+                family: str = "") -> None:
+    conn.execute("INSERT INTO keys (key, program, signature, target, compiler, function, "
+                 "family) VALUES (?,?,?,?,?,?,?) ON CONFLICT(key) DO UPDATE SET "
+                 "family = excluded.family WHERE keys.family = '' AND excluded.family != ''",
                  (key.digest(), key.program, key.signature, key.target, key.compiler,
-                  function))
+                  function, family))
 
 
 def _best_rows(conn: sqlite3.Connection, where: str, args: tuple[Any, ...]) -> list[BestEntry]:
     query = ("SELECT k.program, k.signature, k.target, k.compiler, k.function, b.options_json, "
-             "b.median, b.default_median, b.source, b.host, b.updated "
+             "b.median, b.default_median, b.source, b.host, b.updated, k.family "
              "FROM best b JOIN keys k ON k.key = b.key " + where)
     out = []
     for row in conn.execute(query, args):
@@ -350,14 +379,14 @@ def _best_rows(conn: sqlite3.Connection, where: str, args: tuple[Any, ...]) -> l
             log.warning("polytile: skipping a tuning entry that cannot be read: %s", e)
             continue
         out.append(BestEntry(TuningKey(*row[:4]), row[4], options, row[6], row[7], row[8],
-                             row[9], row[10]))
+                             row[9], row[10], row[11]))
     return out
 
 
 def _measurement_rows(conn: sqlite3.Connection, key: TuningKey | None) -> list[dict[str, Any]]:
     query = ("SELECT k.program, k.signature, k.target, k.compiler, k.function, m.options, "
-             "m.options_json, m.status, m.median, m.spread, m.detail, m.host, m.created, m.run "
-             "FROM measurements m JOIN keys k ON k.key = m.key")
+             "m.options_json, m.status, m.median, m.spread, m.detail, m.host, m.created, m.run, "
+             "k.family FROM measurements m JOIN keys k ON k.key = m.key")
     args: tuple[Any, ...] = ()
     if key is not None:
         query += " WHERE m.key = ?"
@@ -367,12 +396,13 @@ def _measurement_rows(conn: sqlite3.Connection, key: TuningKey | None) -> list[d
         out.append({"key": TuningKey(*row[:4]).parts(), "function": row[4],
                     "options_text": row[5], "options": json.loads(row[6]), "status": row[7],
                     "median": row[8], "spread": row[9], "detail": row[10], "host": row[11],
-                    "created": row[12], "run": row[13]})
+                    "created": row[12], "run": row[13], "family": row[14]})
     return out
 
 
 def _entry_json(e: BestEntry) -> dict[str, Any]:
-    return {"key": e.key.parts(), "function": e.function, "options": e.options.to_json(),
+    return {"key": e.key.parts(), "function": e.function, "family": e.family,
+            "options": e.options.to_json(),
             "options_text": e.options.text(), "median": e.median,
             "default_median": e.default_median, "source": e.source, "host": e.host,
             "updated": e.updated}

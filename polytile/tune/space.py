@@ -19,6 +19,18 @@ A point is one value index per gene, the genetic algorithm's chromosome. The gen
   tile size can avoid a tail tile, TC §6.2 footnote), `parallel` (OpenMP on the
   outer tile loop). Members of a fused block get a register tile only, as in autotile.
 
+Fusion strategies: TC §6.2 names three (max, preserve-parallelism, min); the fuse
+pass has two, so the gene has two values:
+
+    preserve-parallelism -> "rows": consecutive kernels sharing an outer parallel
+                            index fuse into one loop over it, only when isl proves
+                            distinct rows independent (the fused loop stays parallel)
+    min                  -> "none": no fusion, every kernel its own loop nest
+    max                  -> (none): fusing across a dependence between rows (which
+                            serializes the loop) is not implemented, and "rows"
+                            always leaves out a kernel whose rows share more than
+                            half of L1 of an operand (it keeps its tiled loop nest)
+
 A gene that does not apply to a point (the tile of a block that is fused, the
 vectors of a reduction vector index) is ignored when decoding. Decoding repairs
 what it can: a cache tile rounds up to a multiple of the register tile along its
@@ -50,10 +62,9 @@ PIPELINE_CHOICES: dict[str, tuple[Any, ...]] = {
 }
 UNROLL_FACTORS = (1, 2, 3, 4, 5, 6, 8)
 VECTORS = (1, 2, 3, 4)
-# Full and half vector width. Half width is left out for now: the C prelude's masked
-# store (codegen/vmath.py, pt_vstore_n) casts to __m512 under a C `if` on the lane
-# count, so 8-lane vectors do not compile on cpu-avx512. Put 2 back once it is `#if`.
-LANE_DIVISORS: tuple[int, ...] = (1,)
+# Full and half vector width (half: 8 lanes on cpu-avx512, 4 on cpu-avx2), which
+# wastes fewer lanes on short rows and boundary tiles.
+LANE_DIVISORS: tuple[int, ...] = (1, 2)
 CEIL_DIVISORS = range(1, 17)
 RESERVED_REGISTERS = 4      # operands and broadcasts next to the accumulators
 
@@ -147,8 +158,10 @@ class Space:
         return Options.of(schedules, dict(passes))
 
     def encode(self, options: Options) -> tuple[int, ...]:
-        """The point nearest to `options` (exact when every value is a gene value)."""
-        wanted = _gene_values(options, self)
+        """The point nearest to `options` (exact when every value is a gene value); a
+        gene the options say nothing about (a block they do not name) takes the
+        default's value. Options of the same program at other sizes land here too."""
+        wanted = {**_gene_values(self.default, self), **_gene_values(options, self)}
         return tuple(_nearest(g.values, wanted.get(g.name, g.values[0])) for g in self.genes)
 
     def random_point(self, rng: random.Random) -> tuple[int, ...]:

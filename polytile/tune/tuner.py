@@ -4,8 +4,11 @@
     result.best, result.speedup, print(result.table())
 
 The run: build the space of the lowered program; seed the first population with
-the heuristics' default, this key's stored best and the best options of similar
-programs; let the search strategy propose batches; compile each batch in parallel,
+the heuristics' default, this key's stored best and the best options of the same
+program tuned at other sizes (its family), re-encoded onto this space: each gene
+takes the nearest value this space has, a gene the options say nothing about takes
+the default's (tile sizes stay absolute: they are about cache capacity, not the
+extent); let the search strategy propose batches; compile each batch in parallel,
 profile it one candidate at a time, check each candidate's output once against the
 reference interpreter, and record the batch in the tuning database (one
 transaction per batch, so an interrupted run keeps what it measured). Later
@@ -28,8 +31,10 @@ import numpy as np
 from polytile.compile import Compiler, TuningKey
 from polytile.errors import ArgumentError
 from polytile.ir.lower import lower
+from polytile.runtime.files import sha256_text
 from polytile.sema import reference
-from polytile.sema.canonical import canonical
+from polytile.sema.canonical import alpha_rename, canonical
+from polytile.sema.printer import format_function
 from polytile.sema.specialize import Specialized
 from polytile.tune.database import Measurement, TuningDatabase
 from polytile.tune.measure import Build, BuildJob, BuildSettings, Runner, build_all
@@ -159,18 +164,19 @@ def tune_spec(compiler: Compiler, spec: Specialized, inputs: dict[str, np.ndarra
     db = TuningDatabase.of(config)
     lowered = lower(canonical(spec))
     key = compiler.tuning_key(spec, lowered)
-    own = db.best(key)
-    similar = db.similar(key, settings.similar)
-    known = list(settings.start) + ([own.options] if own else []) + [e.options for e in similar]
-    space = build_space(lowered, compiler.target, known)
-    seeds = [space.default_point] + [space.encode(o) for o in known]
+    family = program_family(spec)
+    exact, similar = starting_options(db, key, family, settings)
+    # Only options for these very sizes add their values to the genes; another size's
+    # tile sizes would be noise in this space.
+    space = build_space(lowered, compiler.target, exact)
+    seeds = [space.default_point] + [space.encode(o) for o in exact + similar]
     name = spec.fn.name
     session = _Session(
         space=space, key=key, function=name, db=db, deadline=deadline,
         job=BuildJob(config, compiler.target, spec),
         build=BuildSettings(settings.workers, settings.build_timeout),
         progress=Progress(label or name, deadline, settings.progress),
-        run_id=secrets.token_hex(8))
+        run_id=secrets.token_hex(8), family=family)
     setup = _runner_setup(spec, inputs, scalars, outputs, settings.run)
     with Runner(setup) as runner:
         session.runner = runner
@@ -186,6 +192,21 @@ def tune_spec(compiler: Compiler, spec: Specialized, inputs: dict[str, np.ndarra
                       session.default_seconds, session.progress.candidates,
                       dict(session.rejected), result.generations, time.monotonic() - start,
                       result.stopped)
+
+
+def program_family(spec: Specialized) -> str:
+    """The program whatever its sizes: a hash of the alpha-renamed function with
+    symbolic shapes (TuningKey.program hashes the lowered IR, so it changes with them)."""
+    return sha256_text(format_function(alpha_rename(spec.fn)))
+
+
+def starting_options(db: TuningDatabase, key: TuningKey, family: str,
+                     settings: TuneSettings) -> tuple[list[Options], list[Options]]:
+    """Seeds besides the default: (for these sizes: the caller's starting points and
+    the stored best; for other sizes of the same program: their best entries)."""
+    own = db.best(key)
+    exact = list(settings.start) + ([own.options] if own else [])
+    return exact, [e.options for e in db.similar(key, family, settings.similar)]
 
 
 def _runner_setup(spec: Specialized, inputs: dict[str, np.ndarray], scalars: dict[str, Any],
@@ -214,6 +235,7 @@ class _Session:
     progress: Progress
     run_id: str
     runner: Runner | None = None
+    family: str = ""
     by_program: dict[str, tuple[Build, RunReport]] = field(default_factory=dict)
     rejected: Counter[str] = field(default_factory=Counter)
     best_options: Options | None = None
@@ -244,7 +266,8 @@ class _Session:
             self.progress.candidate(report.median if ok else None)
             costs.append(report.median if ok and report.median is not None else math.inf)
         if records:
-            self.db.record(self.key, self.function, records, self.run_id, self.default_seconds)
+            self.db.record(self.key, self.function, records, self.run_id, self.default_seconds,
+                           family=self.family)
         return costs
 
     def _report(self, b: Build) -> RunReport:
@@ -302,4 +325,4 @@ class _Session:
                 best = baseline
         self.best_options, self.best_seconds = best.options, best.median or math.inf
         self.db.record(self.key, self.function, list(records.values()), self.run_id,
-                       self.default_seconds, best=best)
+                       self.default_seconds, best=best, family=self.family)

@@ -158,3 +158,37 @@ def test_a_writer_killed_mid_run_leaves_a_consistent_database(tmp_path: Path) ->
     assert 5 < len(rows) <= 150
     db.record(TuningKey("p", "s", "t", "c"), "mm", [Measurement(options(1), "ok", 1.0)], "next")
     assert len(db.measurements()) == len(rows) + 1
+
+
+def test_similar_entries_are_the_same_program_family_at_other_sizes(tmp_path: Path) -> None:
+    db = TuningDatabase(tmp_path / "t.sqlite3")
+    unrelated = TuningKey("q" * 64, "float32[16, 16] | ", "cpu-avx2[]", "cc -> gcc: 12")
+    elsewhere = TuningKey("p" * 64, "float32[32, 32] | ", "cpu-avx512[]", "cc -> gcc: 12")
+    db.record(KEY, "mm", [Measurement(options(1), "ok", 1e-3)], "r", family="mm-family")
+    db.record(OTHER, "mm", [Measurement(options(2), "ok", 2e-3)], "r", family="mm-family")
+    db.record(unrelated, "mv", [Measurement(options(3), "ok", 3e-3)], "r", family="mv-family")
+    db.record(elsewhere, "mm", [Measurement(options(4), "ok", 4e-3)], "r", family="mm-family")
+    assert [e.options for e in db.similar(KEY, "mm-family")] == [options(2)]
+    assert db.similar(KEY, "") == []
+    # The family survives export -> clear -> import, and a key recorded without one
+    # (an import from an older export) does not erase it.
+    data = json.loads(json.dumps(db.export()))
+    db.clear()
+    db.import_(data)
+    db.record(OTHER, "mm", [Measurement(options(5), "ok", 9e-3)], "r")
+    assert [e.family for e in db.similar(KEY, "mm-family")] == ["mm-family"]
+
+
+def test_a_version_1_database_is_migrated(tmp_path: Path) -> None:
+    import sqlite3
+    path = tmp_path / "t.sqlite3"
+    db = TuningDatabase(path)
+    db.record(KEY, "mm", [Measurement(options(1), "ok", 1e-3)], "r", family="f")
+    with sqlite3.connect(path) as conn:      # what schema 1 looked like
+        conn.execute("ALTER TABLE keys DROP COLUMN family")
+        conn.execute("UPDATE meta SET value = '1' WHERE name = 'schema'")
+    assert db.best(KEY).options == options(1) and db.best(KEY).family == ""
+    db.record(KEY, "mm", [Measurement(options(2), "ok", 2e-3)], "r", family="f")
+    assert db.best(KEY).family == "f" and db.similar(OTHER, "f")[0].key == KEY
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("SELECT value FROM meta WHERE name = 'schema'").fetchone() == ("2",)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 import random
+from pathlib import Path
 
 import pytest
 
@@ -66,7 +67,7 @@ def test_the_default_point_compiles_to_the_heuristics_ir(name: str) -> None:
     space = build_space(lower(canonical(spec)), target)
     assert space.decode(space.default_point) == space.default
     assert space.encode(space.default) == space.default_point
-    config = Config(cache_dir=__import__("pathlib").Path("/nonexistent"))
+    config = Config(cache_dir=Path("/nonexistent"))
     plain = Compiler(config, target).ir(spec)
     tuned = Compiler(config, target, options=space.default.pass_options()).ir(spec)
     assert format_function(tuned) == format_function(plain)
@@ -88,11 +89,14 @@ def test_decoded_points_are_valid_and_repaired(target_name: str) -> None:
     decoded = [space.decode(space.random_point(rng)) for _ in range(300)]
     valid = [o for o in decoded if o is not None]
     assert 30 < len(valid) < 300          # some pruned, most kept
+    full = target.vector_bytes // 4
+    assert {s.lanes for o in valid for _, s in o.schedules if s.vector} == {full, full // 2}
     for options in valid:
+        widths = {s.lanes for _, s in options.schedules if s.vector}
+        assert len(widths) <= 1
         for name, s in options.schedules:
             accumulators = math.prod(f for _, f in s.unroll) * s.vectors
             assert accumulators <= target.vector_registers - 4
-            assert s.lanes == target.vector_bytes // 4
             unroll = dict(s.unroll)
             for index, size in s.tiles:
                 assert 1 <= size < 1024
@@ -108,3 +112,67 @@ def test_genes_take_the_values_of_extra_options() -> None:
     assert 7 in genes["s0.unroll.i0"] and 77 in genes["s0.tile.i0"]
     point = space.encode(seed)
     assert space.value(point, "s0.unroll.i0") == 7
+
+
+def _half_width_point(space):  # type: ignore[no-untyped-def]
+    """The default point at half vector width."""
+    names = [g.name for g in space.genes]
+    point = list(space.default_point)
+    point[names.index("lanes")] = space.genes[names.index("lanes")].values.index(2)
+    return tuple(point)
+
+
+@pytest.mark.parametrize("target_name", ["cpu-avx512", "cpu-avx2"])
+@pytest.mark.parametrize("name", ["tmm 37x19x53", "tmm 128x32x256", "tbmm 5x6x7x9",
+                                  "softmax 33x101"])
+def test_half_width_points_compile_and_match_numpy(name: str, target_name: str,
+                                                   tmp_path: Path) -> None:
+    import numpy as np
+
+    from polytile.api import define
+    from polytile.targets.target import host_features, supports
+    target = load_target(target_name)
+    if not supports(target, host_features()):
+        pytest.skip(f"this machine cannot run {target_name}")
+    workload = WORKLOADS[name]
+    spec = _spec(workload)
+    space = build_space(lower(canonical(spec)), select_target(target_name))
+    options = space.decode(_half_width_point(space))
+    assert options is not None
+    full = target.vector_bytes // 4
+    assert {s.lanes for _, s in options.schedules if s.vector} == {full // 2}
+    module = define(workload.tc, target=target_name, config=Config(cache_dir=tmp_path))
+    assert module.compiler is not None
+    module.compiler.options = options.pass_options()
+    args = workload.make_inputs(np.random.default_rng(0))
+    got, expected = module[workload.function](*args), workload.numpy(*args)
+    np.testing.assert_allclose(got, expected, rtol=workload.rtol, atol=workload.atol)
+
+
+def test_half_width_applies_to_panel_copies() -> None:
+    # Panels are cut at the full width; at half width their copies run 8x8 transposes.
+    spec = _spec(WORKLOADS["tmm 128x32x256"])
+    space = build_space(lower(canonical(spec)), select_target())
+    assert any(name.startswith("pack_") for name, _ in space.default.schedules)
+    assert space.decode(_half_width_point(space)) is not None
+
+
+def test_options_of_another_size_encode_onto_this_space() -> None:
+    target = select_target()
+    # Both sizes take the same pipeline variant (no packing: the reduction is long), so
+    # every gene of the larger size's options has a counterpart here.
+    small = build_space(lower(canonical(_spec(WORKLOADS["tmm 128x1024x1024"]))), target)
+    large = build_space(lower(canonical(_spec(WORKLOADS["tmm 1024x1024x1024"]))), target)
+    assert small.encode(Options()) == small.default_point     # nothing said: the default
+    seed = large.default
+    point = small.encode(seed)
+    options = small.decode(point)
+    assert options is not None
+    for name, s in seed.schedules:
+        got = options.schedule(name)
+        assert got is not None and got.vector == s.vector and got.unroll == s.unroll
+        for index, size in s.tiles:        # the nearest tile size this space has
+            genes = {g.name: g.values for g in small.genes}
+            if f"{name}.tile.{index}" in genes:
+                nearest = min(genes[f"{name}.tile.{index}"], key=lambda v: abs(v - size))
+                assert small.value(point, f"{name}.tile.{index}") == nearest

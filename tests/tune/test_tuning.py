@@ -145,3 +145,22 @@ def test_a_tuned_entry_is_used_in_a_fresh_process_without_compiling(
     assert "autotile.schedules=" in used["options"]   # the tuned options, not the default key
     for name, schedule in Options.from_json(db_best[0].options.to_json()).schedules:
         assert f"{name}:{schedule.text()}" in used["options"]
+
+
+def test_the_best_entry_of_another_size_seeds_the_first_generation(
+        config: Config, tmm_args: tuple[np.ndarray, np.ndarray]) -> None:
+    from polytile.sema.specialize import specialize
+    from polytile.tune.tuner import program_family
+    mod = polytile.define(TMM, config=config)
+    a, b = tmm_args
+    other = specialize(mod.tmm.fn, {"A": (50, 24), "B": (40, 24)}, {})
+    assert mod.tmm.compiler is not None
+    db = TuningDatabase.of(config)
+    db.inject(mod.tmm.compiler.tuning_key(other), _schedule(2), "tmm", program_family(other))
+    # Two candidates: the default, then the seed (random points come after the seeds).
+    result = polytile.tune(mod.tmm, a, b, candidates=2, population=4, confirm=0,
+                           progress=False, budget=120)
+    measured = [Options.from_json(row["options"]) for row in db.measurements(result.key)]
+    assert len(measured) == 2
+    unrolls = [dict(o.schedule("s0").unroll).get("i1", 1) for o in measured]
+    assert unrolls[0] != 2 and unrolls[1] == 2, unrolls
