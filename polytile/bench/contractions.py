@@ -1,4 +1,5 @@
-"""Contraction-like workloads from the TC paper (§7): tmm, tbmm, gconv, MLP1, MLP3, 2LUT.
+"""Contraction-like workloads from the TC paper (§7): tmm, tbmm, gconv, MLP1, MLP3, 2LUT;
+and the shift convolution of the extended tensor contractions paper.
 
 Sizes are given by the caller (polytile.bench.workloads lists them). The NumPy
 versions use BLAS the way a NumPy user would; the PyTorch versions are eager calls.
@@ -32,6 +33,15 @@ GCONV = """
 def gconv(float(N,G,C,H,W) I, float(G,F,C,KH,KW) W1, float(G,F) B) -> (O) {
   O(n,g,o,h,w) +=! I(n,g,i, h + kh, w + kw) * W1(g,o,i,kh,kw)
   O(n,g,o,h,w) = O(n,g,o,h,w) + B(g,o)
+}
+"""
+
+# The shift convolution of the extended tensor contractions paper (Wu et al.'s shift
+# layer then a 1x1 convolution): every channel moved by its own data-dependent offset in
+# [-1, 1], valid range only.
+SHIFT_CONV = """
+def shiftconv(float(N,C,H,W) I, int(C) SH, int(C) SW, float(O,C) Wt) -> (Out) {
+  Out(n,o,h,w) +=! I(n, c, h + 1 + SH(c), w + 1 + SW(c)) * Wt(o,c) where h in 0:H-2, w in 0:W-2
 }
 """
 
@@ -115,6 +125,27 @@ def gconv(n: int, g: int, f: int, c: int, h: int, w: int, k: int = 3) -> Workloa
         _gconv_numpy, torch=_gconv_torch,
         flops=2.0 * n * g * f * c * oh * ow * k * k, rtol=1e-3, atol=1e-3,
         note=f"{k}x{k} kernel, stride 1, no padding")
+
+
+def _shift_conv_numpy(i: np.ndarray, sh: np.ndarray, sw: np.ndarray, wt: np.ndarray
+                      ) -> np.ndarray:
+    """Gather the shifted channels (one copy), then one batched matmul, as a NumPy user would."""
+    n, c, h, w = i.shape
+    moved = np.empty((n, c, h - 2, w - 2), np.float32)
+    for k in range(c):
+        a, b = 1 + int(sh[k]), 1 + int(sw[k])
+        moved[:, k] = i[:, k, a:a + h - 2, b:b + w - 2]
+    return np.matmul(wt, moved.reshape(n, c, -1)).reshape(n, -1, h - 2, w - 2)
+
+
+def shift_conv(n: int, c: int, o: int, h: int, w: int) -> Workload:
+    return Workload(
+        "shiftconv", (("N", n), ("C", c), ("O", o), ("H", h), ("W", w)), SHIFT_CONV,
+        "shiftconv",
+        lambda rng: (uniform(rng, n, c, h, w), rng.integers(-1, 2, c).astype(np.int32),
+                     rng.integers(-1, 2, c).astype(np.int32), uniform(rng, o, c)),
+        _shift_conv_numpy, flops=2.0 * n * o * c * (h - 2) * (w - 2), rtol=1e-3, atol=1e-3,
+        note="shifts in [-1, 1] from data, valid range")
 
 
 def _dense_relu_numpy(x: np.ndarray, w: np.ndarray, b: np.ndarray) -> np.ndarray:

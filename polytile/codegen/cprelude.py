@@ -14,7 +14,9 @@ the semantics in `polytile.ir.intrinsics`:
 * float-to-integer conversion truncates and never hits C's undefined behaviour
   (NaN and out-of-range values give what NumPy gives on x86);
 * `pt_max_f32` & co. propagate NaN, as NumPy's max/min reductions do;
-* `pt_fail` records the first run-time failure; it is safe to call from OpenMP threads.
+* `pt_fail` records the first run-time failure; it is safe to call from OpenMP threads;
+* `pt_pool_take`/`pt_pool_give` keep a kernel's top-level local buffers between calls
+  (see `polytile.codegen.c`); they are safe to call from several threads at once.
 """
 from __future__ import annotations
 
@@ -198,6 +200,46 @@ static void pt_fail(int32_t *status, int64_t *err, int32_t code, int64_t buffer,
 }
 """
 
+# A kernel's top-level heap buffers are kept between calls in a few slots per buffer
+# (`static void *pt_pool_l0[PT_POOL_SLOTS]` in the kernel's source). A call takes a
+# cached block, or allocates one; at the end it puts it back in an empty slot, or frees
+# it when all are taken (more callers at once than slots). A slot only ever changes by
+# one atomic exchange, so concurrent calls never share a block and no lock is needed.
+_POOL = """\
+#define PT_POOL_SLOTS 8
+
+static void *pt_pool_take(void **slots, size_t count, size_t size)
+{
+    for (int k = 0; k < PT_POOL_SLOTS; k++) {
+        void *p = __atomic_exchange_n(&slots[k], NULL, __ATOMIC_ACQUIRE);
+        if (p != NULL)
+            return p;
+    }
+    if (size != 0 && count > SIZE_MAX / size)
+        return NULL;
+    return malloc(count * size);
+}
+
+static void pt_pool_give(void **slots, void *p)
+{
+    if (p == NULL)
+        return;
+    for (int k = 0; k < PT_POOL_SLOTS; k++) {
+        void *empty = NULL;
+        if (__atomic_compare_exchange_n(&slots[k], &empty, p, 0, __ATOMIC_RELEASE,
+                                        __ATOMIC_RELAXED))
+            return;
+    }
+    free(p);
+}
+
+static void pt_pool_drain(void **slots)
+{
+    for (int k = 0; k < PT_POOL_SLOTS; k++)
+        free(__atomic_exchange_n(&slots[k], NULL, __ATOMIC_ACQUIRE));
+}
+"""
+
 
 def _int_div_mod(dt: DType) -> str:
     """`pt_div_<t>`/`pt_mod_<t>`: C's truncating division, with x/0 = x%0 = 0."""
@@ -231,6 +273,7 @@ _HELPERS: dict[str, tuple[tuple[str, ...], str]] = {
     "minmax_nan": ((), _MINMAX_NAN),
     "bounds": ((), _BOUNDS),
     "fail": ((), _FAIL),
+    "pool": ((), _POOL),
 }
 
 

@@ -34,7 +34,7 @@ from polytile.analysis.deps import scalar_indices
 from polytile.codegen import cexpr
 from polytile.codegen.cscope import Scope, c_affine, child_view, resolve, safe
 from polytile.codegen.vmath import MASKED_LANES, VECTOR_MATH_OPS
-from polytile.ir.nodes import Affine, Block, Constant, Intrinsic, Load, Refinement, Store
+from polytile.ir.nodes import Affine, Block, Constant, Intrinsic, Load, LoadIndex, Refinement, Store
 
 if TYPE_CHECKING:
     from polytile.codegen.c import _FunctionWriter
@@ -80,7 +80,7 @@ def plan(blk: Block) -> _Plan | None:
     vector, n_lanes = vec[0], int(lanes[0])
     stores = [s for s in blk.stmts if isinstance(s, Store)]
     if len(stores) != 1 or any(not isinstance(s, (Load, Store, Constant, Intrinsic))
-                               for s in blk.stmts):
+                               and not _step_index(s, blk, vector) for s in blk.stmts):
         return None
     # Vector loads and stores are contiguous: every view that moves with the vector
     # index must move by one element (a schedule from the tuner or a user may ask
@@ -97,6 +97,8 @@ def plan(blk: Block) -> _Plan | None:
         if isinstance(st, Load):
             if any(d is not None and vector in deps[d] for d in st.dynamic):
                 return None
+            if st.offset is not None and vector in deps[st.offset]:
+                return None     # a pointer increment per lane would be a gather
             if vector in deps[st.into] and blk.ref(st.ref).shape.dtype != dtypes.FLOAT32:
                 return None
         elif isinstance(st, Intrinsic) and vector in deps[st.into]:
@@ -120,6 +122,18 @@ def plan(blk: Block) -> _Plan | None:
         return None
     return _Plan(vector, n_lanes, unroll, [x for x in rest if x[0] in written],
                  [x for x in rest if x[0] not in written], loops[vector], vec_red, out.agg)
+
+
+def _step_index(st: object, blk: Block, vector: str) -> bool:
+    """An index value used only as the pointer increment of loads (polytile.passes.ptrinc),
+    the same for every lane."""
+    if not isinstance(st, LoadIndex) or vector in st.value.names:
+        return False
+    uses = [s for s in blk.stmts if isinstance(s, (Load, Store, Intrinsic))
+            and st.into in ((s.offset, *s.dynamic) if isinstance(s, Load)
+                            else (s.value,) if isinstance(s, Store) else s.inputs)]
+    return all(isinstance(s, Load) and s.offset == st.into and st.into not in s.dynamic
+               for s in uses)
 
 
 def emit(w: "_FunctionWriter", blk: Block, outer: Scope) -> list[str] | None:
@@ -410,6 +424,9 @@ class _Emitter:
         if isinstance(stmt, Constant):
             result = (cexpr.literal(stmt.value, stmt.dtype), False)
             self.dtypes[name] = stmt.dtype
+        elif isinstance(stmt, LoadIndex):     # a scalar: plan() keeps the vector index out
+            result = (f"({c_affine(resolve(stmt.value, at, 'an index value'))})", False)
+            self.dtypes[name] = dtypes.INT64
         elif isinstance(stmt, Load):
             result = self.load(stmt, at, n, out, combo, memo)
         else:
@@ -421,7 +438,8 @@ class _Emitter:
 
     @property
     def defs(self) -> dict[str, object]:
-        return {s.into: s for s in self.blk.stmts if isinstance(s, (Load, Constant, Intrinsic))}
+        return {s.into: s for s in self.blk.stmts
+                if isinstance(s, (Load, Constant, Intrinsic, LoadIndex))}
 
     def load(self, st: Load, at: dict[str, Affine], n: int | str, out: list[str],
              combo: dict[str, int], memo: dict) -> tuple[str, bool]:
@@ -439,6 +457,12 @@ class _Emitter:
             out += _ind(self.w.fail(self.outer.fail, "PT_ERR_INDEX", view.param, d, var))
             out.append("}")
             address = address + Affine.index(var).scale(view.dims[d].stride)
+        if st.offset is not None:
+            # A pointer increment (polytile.passes.ptrinc), the same for every lane.
+            value, _ = self.value(st.offset, at, combo, 0, n, memo, out)
+            var = self.w.fresh("d")
+            out.append(f"const int64_t {var} = (int64_t)({value});")
+            address = address + Affine.index(var)
         element = self.w.element(view, address)
         if self.p.vector in self.deps[st.into]:
             var = self.w.fresh("v")

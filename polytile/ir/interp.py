@@ -274,7 +274,26 @@ def _load(stmt: Load, batch: _Batch, scalars: Mapping[str, np.ndarray], path: st
                 f"{view.buffer} (read through {stmt.ref} with offset {name} in block {path})",
                 hint="the indices come from data; check the index tensor's values")
         address = address + offset * dim.stride
+    if stmt.offset is not None:
+        address = address + _flat_offset(stmt, view, scalars[stmt.offset], batch.count, path)
     return view.storage[address]
+
+
+def _flat_offset(stmt: Load, view: _View, value: np.ndarray, count: int, path: str
+                 ) -> np.ndarray:
+    """A load's pointer increment, per point. Its producer (a table built by
+    polytile.passes.ptrinc) guarantees it stays inside the view; one that does not is
+    a compiler bug, reported as such rather than read out of bounds."""
+    offset = np.broadcast_to(np.asarray(value).astype(np.int64), (count,))
+    low = sum(min(0, (d.size - 1) * d.stride) for d in view.dims)
+    high = sum(max(0, (d.size - 1) * d.stride) for d in view.dims)
+    bad = np.flatnonzero((offset < low) | (offset > high))
+    if len(bad):
+        raise IRError(f"block {path}: offset {offset[bad[0]]} of a load from {stmt.ref} "
+                      f"(through {stmt.offset}) leaves the view, whose elements lie at "
+                      f"offsets {low}..{high} of {view.buffer}",
+                      hint="a pointer-increment table must only hold offsets inside the view")
+    return offset
 
 
 def _write(view: _View, address: np.ndarray, values: np.ndarray) -> None:

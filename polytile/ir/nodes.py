@@ -21,6 +21,11 @@ Semantics that every pass, the interpreter and the code generator share:
 * `Load(into, ref, dynamic)` reads the element at the view's origin, plus, per
   dimension, the integer value of scalar `dynamic[d]` when it is not None (a
   data-dependent subscript; bounds-checked against the view's size at run time).
+  With `offset`, it reads that many elements (of the underlying buffer) past
+  that element: a pointer increment from a precomputed table
+  (`polytile.passes.ptrinc`). It is not checked at run time; whoever computes it
+  guarantees that the element lies inside the view, whose footprint is then the
+  whole view.
 * `LoadIndex(into, affine)` gives the value of an affine function of indices.
 """
 from __future__ import annotations
@@ -142,6 +147,7 @@ class Load:
     into: str                                   # scalar name, "$x"
     ref: str
     dynamic: tuple[str | None, ...] = ()        # per-dimension data-dependent offsets
+    offset: str | None = None                   # integer scalar: a flat element offset
 
 
 @dataclass(frozen=True)

@@ -288,8 +288,10 @@ class _Parser(TokenCursor[_Token]):
         if op == "load":
             ref = self.name("a refinement name")
             dynamic = self.listed("]", self.dynamic_offset) if self.accept("[") else ()
+            offset = (self.expect_kind("scalar", "a scalar offset ($name)").text
+                      if self.accept("+") else None)
             self.expect(")")
-            return Load(into, ref, dynamic)
+            return Load(into, ref, dynamic, offset)
         if op == "index":
             value = self.affine()
             self.expect(")")

@@ -205,9 +205,11 @@ def writes_disjoint(block: Block, index: str) -> bool:
 
 def _touched_dims(stmt: object, ref: str, mode: str, rank: int) -> list[tuple[bool, ...]]:
     """For each access of `ref` by a non-block statement: per dimension, whether it may
-    touch the whole extent (True: a dynamic offset or a whole-buffer special) or only
+    touch the whole extent (True: a dynamic or flat offset, or a whole-buffer special) or only
     the view's origin (False)."""
     if mode == READ and isinstance(stmt, Load) and stmt.ref == ref:
+        if stmt.offset is not None:     # a pointer increment may reach any element of the view
+            return [(True,) * rank]
         return [tuple(d is not None for d in stmt.dynamic) or (False,) * rank]
     if mode == WRITE and isinstance(stmt, Store) and stmt.ref == ref:
         return [(False,) * rank]

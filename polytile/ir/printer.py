@@ -25,7 +25,8 @@ from the parent with range 1), its tags, then, inside `( )`, its constraints
 (`expr >= 0`) and its refinements:
 `dir name <- parent[access] dtype(size:stride, ...)[:agg][ @location]`
 (top-level buffers and local allocations have no `<- parent`). A load with
-data-dependent offsets is written `load(B[$i, _])`, `_` marking a static dimension.
+data-dependent offsets is written `load(B[$i, _])`, `_` marking a static dimension;
+one with a flat element offset (a pointer increment) `load(B + $off)`.
 The printer never fails: it prints even malformed IR, which `verify` then reports.
 """
 from __future__ import annotations
@@ -72,7 +73,8 @@ def format_statement(stmt: Statement) -> str:
     """A single non-block statement, as it appears on its line."""
     if isinstance(stmt, Load):
         dyn = f"[{', '.join(d if d is not None else '_' for d in stmt.dynamic)}]"
-        return f"{stmt.into} = load({stmt.ref}{dyn if stmt.dynamic else ''})"
+        plus = f" + {stmt.offset}" if stmt.offset is not None else ""
+        return f"{stmt.into} = load({stmt.ref}{dyn if stmt.dynamic else ''}{plus})"
     if isinstance(stmt, Store):
         return f"{stmt.ref} = store({stmt.value})"
     if isinstance(stmt, LoadIndex):

@@ -11,7 +11,7 @@ Scopes and types, checked per block:
   block's own indices; a passed-in index (`i = 4*i1`) is affine in the parent's;
 * loads and stores name refinements of their own block; scalars are defined before
   use and assigned once; a store's scalar has the buffer's dtype; dynamic offsets
-  are integers;
+  and flat offsets (pointer increments) are integers;
 * nothing writes an `in` buffer (a store, a special's output, or a child's
   `out|inout` view of it); a child that writes with another aggregation than its
   parent's view needs the parent's to be `assign` (only then is the combination
@@ -205,9 +205,16 @@ def _check_statements(block: Block, path: str) -> None:
             if stmt.dynamic and len(stmt.dynamic) != len(ref.shape.dims):
                 raise _fail(path, f"load of {stmt.ref} has {len(stmt.dynamic)} offsets for "
                             f"{len(ref.shape.dims)} dims")
+            if stmt.offset is not None and any(d.size < 1 for d in ref.shape.dims):
+                raise _fail(path, f"load of {stmt.ref} + {stmt.offset} from an empty view")
             _check_static_dims(path, ref, stmt.dynamic or (None,) * len(ref.shape.dims))
             if any(not t.is_integral for t in use(stmt.dynamic, f"load of {stmt.ref}")):
                 raise _fail(path, f"load of {stmt.ref} has a non-integer dynamic offset")
+            if stmt.offset is not None:
+                (offset,) = use([stmt.offset], f"load of {stmt.ref}")
+                if not offset.is_integral:
+                    raise _fail(path, f"load of {stmt.ref} has a non-integer offset "
+                                f"{stmt.offset} ({offset})")
             define(stmt.into, ref.shape.dtype)
         elif isinstance(stmt, Store):
             ref = writable(stmt.ref, f"store of {stmt.value}")

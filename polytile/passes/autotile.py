@@ -43,7 +43,7 @@ def vector_candidates(block: N.Block) -> list[str]:
     dynamic_deps: set[str] = set()
     for s in block.stmts:
         if isinstance(s, N.Load):
-            for d in s.dynamic:
+            for d in s.dynamic + (s.offset,):
                 if d:
                     dynamic_deps |= deps[d]
         if isinstance(s, N.LoadIndex):

@@ -46,7 +46,7 @@ def _plan(block: N.Block, top: dict[str, N.Refinement], lanes: int, min_reuse: i
     outs = [r for r in block.refs if r.dir in ("out", "inout")]
     if len(outs) != 1 or any(isinstance(s, N.Block) for s in block.stmts):
         return None
-    if any(isinstance(s, N.Load) and s.dynamic for s in block.stmts):
+    if any(isinstance(s, N.Load) and (s.dynamic or s.offset) for s in block.stmts):
         return None
     ranges = {i.name: i.range for i in block.idxs if i.affine is None}
     out = outs[0]

@@ -581,6 +581,52 @@ def fgather(float(N) X, float(M) F) -> (Y) {
      lambda rng: (normal(rng, n := dim(rng)), uniform(rng, 0, n - 0.01, dim(rng))),
      lambda X, F: X[F.astype(np.int64)], EXACT)
 
+def _shift_conv(I: np.ndarray, SH: np.ndarray, SW: np.ndarray, W: np.ndarray,
+                pad: int = 1) -> np.ndarray:
+    """Shift convolution (Wu et al.): channel c of I moved by (SH[c], SW[c]), valid range,
+    then a 1x1 convolution with W (F, C)."""
+    _, c, h, w = I.shape
+    moved = np.stack([f64(I)[:, k, pad + SH[k]:pad + SH[k] + h - 2 * pad,
+                             pad + SW[k]:pad + SW[k] + w - 2 * pad] for k in range(c)], axis=1)
+    return f32(np.einsum("nchw,fc->nfhw", moved, f64(W)))
+
+
+case("shift convolution (data-dependent subscripts in a reduction)", """
+def shiftconv(float(N,C,H,W) I, int(C) SH, int(C) SW, float(F,C) Wt) -> (O) {
+  O(n,f,h,w) +=! I(n, c, h + 1 + SH(c), w + 1 + SW(c)) * Wt(f,c) where h in 0:H-2, w in 0:W-2
+}""",
+     lambda rng: (normal(rng, dim(rng, 1, 3), c := dim(rng, 1, 7), dim(rng, 3), dim(rng, 3)),
+                  rng.integers(-1, 2, c).astype(np.int32), rng.integers(-1, 2, c).astype(np.int32),
+                  normal(rng, dim(rng, 1, 7), c)),
+     _shift_conv)
+
+
+def _sparse_filter(I: np.ndarray, DH: np.ndarray, DW: np.ndarray, W: np.ndarray) -> np.ndarray:
+    n, _, h, w = I.shape
+    out = np.zeros((n, W.shape[0], h - 2, w - 2))
+    for x in range(len(DH)):
+        out += np.einsum("nchw,kc->nkhw", f64(I)[:, :, DH[x]:DH[x] + h - 2, DW[x]:DW[x] + w - 2],
+                         f64(W)[:, :, x])
+    return f32(out)
+
+
+case("sparse filter taps from data (paper: nc(h+off_h[x])(w+off_w[x]), kcx -> nkhw)", """
+def sparse(float(N,C,H,W) I, int(X) DH, int(X) DW, float(K,C,X) Wt) -> (O) {
+  O(n,k,h,w) +=! I(n, c, h + DH(x), w + DW(x)) * Wt(k,c,x) where h in 0:H-2, w in 0:W-2
+}""",
+     lambda rng: (normal(rng, dim(rng, 1, 3), c := dim(rng, 1, 5), dim(rng, 3), dim(rng, 3)),
+                  rng.integers(0, 3, x := dim(rng, 1, 7)).astype(np.int32),
+                  rng.integers(0, 3, x).astype(np.int32), normal(rng, dim(rng, 1, 5), c, x)),
+     _sparse_filter)
+
+case("gathered reduction operand (shared index list)", """
+def bag(float(M,E) X, int(K) J, float(K,N) Y) -> (O) {
+  O(i,j) +=! X(i, J(k)) * Y(k,j)
+}""",
+     lambda rng: (normal(rng, dim(rng), e := dim(rng)),
+                  rng.integers(0, e, k := dim(rng)).astype(np.int32), normal(rng, k, dim(rng))),
+     lambda X, J, Y: f32(f64(X)[:, J] @ f64(Y)))
+
 case("let binding in a subscript", """
 def letsub(float(N) A) -> (B) {
   B(i) = A(j) - A(i) where j = i + 1

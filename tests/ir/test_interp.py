@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from polytile import dtypes
-from polytile.errors import ArgumentError, KernelError, UnsupportedError
+from polytile.errors import ArgumentError, IRError, KernelError, UnsupportedError
 from polytile.ir import interp, intrinsics
 from polytile.ir.nodes import Function
 from polytile.ir.parser import parse_function
@@ -87,6 +87,21 @@ def test_gather_and_its_bounds_check(rng: np.random.Generator) -> None:
     idx[2] = -1
     with pytest.raises(KernelError, match="index -1 is out of range"):
         interp.run(fn, {"X": x, "I": idx, "Y": y})
+
+
+def test_pointer_increments_read_through_the_table(rng: np.random.Generator) -> None:
+    fn = load("pointer_increments")
+    x, w = uniform(rng, (9,)), uniform(rng, (3,))
+    s = np.array([3, 0, 2], np.int32)
+    y = np.zeros(6, np.float32)
+    interp.run(fn, {"X": x, "S": s, "W": w, "Y": y})
+    want = sum(x[np.arange(6) + s[k]].astype(np.float64) * w[k] for k in range(3))
+    np.testing.assert_allclose(y, want, rtol=1e-6)
+    # A table entry outside the view is a compiler bug (the pass checks the data when it
+    # builds the table), reported as such instead of reading another element.
+    s[1] = 4
+    with pytest.raises(IRError, match="offset 4 of a load from X .* leaves the view"):
+        interp.run(fn, {"X": x, "S": s, "W": w, "Y": y})
 
 
 def test_constraint_index_and_zero_dim_scalar(rng: np.random.Generator) -> None:

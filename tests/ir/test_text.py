@@ -92,6 +92,7 @@ def test_every_statement_form_round_trips() -> None:
                     TensorShape(dtypes.BFLOAT16, (Dim(1, 8), Dim(8, 1))), "max", "L1 cache"),
          Refinement("none", "", "T", (), TensorShape(dtypes.INT8, ()), location="stack")),
         (Load("$i", "T"), Load("$y", "Y", (None, "$i")), Load("$z", "Y", (None, None)),
+         Load("$o", "Y", (), "$i"), Load("$q", "Y", (None, "$i"), "$i"),
          LoadIndex("$n", Affine.of({"n": 3, "m": -1}, 7)),
          Constant("$a", -0.0, F32), Constant("$b", float("inf"), F32),
          Constant("$c", -12, dtypes.INT64), Constant("$d", True, dtypes.BOOL),
@@ -107,6 +108,7 @@ def test_every_statement_form_round_trips() -> None:
     assert '#"has space"' in text and "@\"L1 cache\"" in text
     assert "m = 4*p - 2" in text and "w:3 = n" in text
     assert "$y = load(Y[_, $i])" in text and "$z = load(Y[_, _])" in text
+    assert "$o = load(Y + $i)" in text and "$q = load(Y[_, $i] + $i)" in text
 
 
 def test_two_leading_digit_names_and_numbers() -> None:

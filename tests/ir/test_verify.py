@@ -123,6 +123,15 @@ BAD = {
         "matmul", "function matmul(A, B, C)", "function matmul(A, C)",
         ("function matmul: parameters ['A', 'C'] differ from the top-level in/out/inout "
          "refinements ['A', 'B', 'C']")),
+    "float flat offset": (
+        "pointer_increments", "$x = load(X + $t)", "$f = cast($t) : float32\n      $x = load(X + $f)",
+        "block main/kernel: load of X has a non-integer offset $f (float32)"),
+    "flat offset used before it is defined": (
+        "pointer_increments", "$x = load(X + $t)", "$x = load(X + $u)",
+        "block main/kernel: load of X uses scalar $u before it is defined"),
+    "flat offset into an empty view": (
+        "pointer_increments", "in X <- X[i] float32(4:1)", "in X <- X[i] float32(0:1)",
+        "block main/kernel: load of X + $t from an empty view"),
     "duplicate index": (
         "matmul", "block kernel [i:5, j:3, k:7]", "block kernel [i:5, j:3, i:7]",
         "block main/kernel: index i is declared twice"),

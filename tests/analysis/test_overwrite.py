@@ -1,0 +1,151 @@
+"""overwritten_first: a local needs no NaN fill only when its first toucher writes all of
+it with `assign` and reads none of it."""
+from __future__ import annotations
+
+from polytile.analysis.overwrite import overwritten_first
+from polytile.ir.parser import parse_function
+from polytile.ir.verify import verify
+
+# T(i) = 0 for every i, then T(i) += X(i, k), then Y = T; {init} is the first toucher.
+TEMPLATE = """\
+function sums(X, Y) {{
+  block main (
+    in X[0, 0] float32(6:4, 4:1)
+    out Y[0] float32(6:1)
+    none T[0] float32(6:1)
+  ) {{
+{init}
+    block acc [i:6, k:4] (
+      in X <- X[i, k] float32(1:4, 1:1)
+      out T <- T[i] float32(1:1):add
+    ) {{
+      $x = load(X)
+      T = store($x)
+    }}
+    block copy [i:6] (
+      in T <- T[i] float32(1:1)
+      out Y <- Y[i] float32(1:1)
+    ) {{
+      $t = load(T)
+      Y = store($t)
+    }}
+  }}
+}}
+"""
+
+FULL_INIT = """\
+    block init [i:6] (
+      out T <- T[i] float32(1:1)
+    ) {
+      $z = const(0.0, float32)
+      T = store($z)
+    }"""
+
+
+def analyse(init: str) -> frozenset[str]:
+    fn = parse_function(TEMPLATE.format(init=init))
+    verify(fn)
+    return overwritten_first(fn.body)
+
+
+def test_full_assign_write_needs_no_fill() -> None:
+    assert analyse(FULL_INIT) == {"T"}
+
+
+def test_tiled_full_write_with_a_constraint_needs_no_fill() -> None:
+    # Tiles of 4 over 6 elements: the constraint cuts the last tile, and the tiles
+    # still cover every element.
+    init = """\
+    block init [t:2] (
+      out T <- T[0] float32(6:1)
+    ) {
+      block inner [j:4, o = 4*t] (
+        -o - j + 5 >= 0
+        out T <- T[o + j] float32(1:1)
+      ) {
+        $z = const(0.0, float32)
+        T = store($z)
+      }
+    }"""
+    assert analyse(init) == {"T"}
+
+
+def test_tiles_that_miss_the_last_elements_need_the_fill() -> None:
+    init = """\
+    block init [t:1] (
+      out T <- T[0] float32(6:1)
+    ) {
+      block inner [j:4, o = 4*t] (
+        out T <- T[o + j] float32(1:1)
+      ) {
+        $z = const(0.0, float32)
+        T = store($z)
+      }
+    }"""
+    assert analyse(init) == frozenset()
+
+
+def test_partial_write_needs_the_fill() -> None:
+    assert analyse(FULL_INIT.replace("[i:6]", "[i:5]")) == frozenset()
+
+
+def test_constraint_that_skips_an_element_needs_the_fill() -> None:
+    init = FULL_INIT.replace("[i:6] (\n", "[i:6] (\n      -i + 4 >= 0\n")
+    assert analyse(init) == frozenset()
+
+
+def test_add_as_first_writer_needs_the_fill() -> None:
+    # Without an init block, `acc` is the first toucher: `:add` combines with the fill.
+    assert analyse("") == frozenset()
+
+
+def test_read_in_the_first_toucher_needs_the_fill() -> None:
+    init = """\
+    block init [i:6] (
+      in X <- X[i, 0] float32(1:4, 1:1)
+      out T <- T[i] float32(1:1)
+    ) {
+      $x = load(X)
+      T = store($x)
+      block peek [j:1] (
+        in T <- T[0] float32(1:1)
+      ) {
+        $t = load(T)
+      }
+    }"""
+    assert analyse(init) == frozenset()
+
+
+def test_write_after_a_read_needs_the_fill() -> None:
+    read_first = """\
+    block early [i:6] (
+      in T <- T[i] float32(1:1)
+      out Y <- Y[i] float32(1:1)
+    ) {
+      $t = load(T)
+      Y = store($t)
+    }
+"""
+    assert analyse(read_first + FULL_INIT) == frozenset()
+
+
+def test_a_block_that_does_not_touch_the_local_is_skipped() -> None:
+    other = """\
+    block other [i:6] (
+      out Y <- Y[i] float32(1:1)
+    ) {
+      $z = const(1.0, float32)
+      Y = store($z)
+    }
+"""
+    assert analyse(other + FULL_INIT) == {"T"}
+
+
+def test_zero_special_in_a_block_counts_as_a_full_write() -> None:
+    init = """\
+    block init [i:1] (
+      out T <- T[0] float32(6:1)
+    ) {
+      special zero() -> (T)
+    }"""
+    assert analyse(init) == {"T"}
