@@ -72,12 +72,13 @@ def apply_schedule(block: N.Block, schedule: Schedule, parent: N.Block) -> N.Blo
 
 def _vector_tiles_first(block: N.Block, vector: str | None) -> N.Block:
     """Iterate register tiles with the vector index outermost: consecutive micro-kernels
-    then share the vector operand's panel, which stays in L1."""
+    then share the vector operand's panel, which stays in L1. Packing splits the vector
+    index `v` into panels `v_o` (pack.split_index), so its register tiles are `v_o_r`."""
     if vector is None:
         return block
-    name = vector + "_r"
-    first = [i for i in block.idxs if i.name == name]
-    return replace(block, idxs=tuple(first + [i for i in block.idxs if i.name != name]))
+    names = (vector + "_r", vector + "_o_r")    # plain, or split into packed panels
+    first = [i for i in block.idxs if i.name in names]
+    return replace(block, idxs=tuple(first + [i for i in block.idxs if i.name not in names]))
 
 
 def _sizes(block: N.Block) -> dict[str, tuple[int, ...]]:

@@ -105,3 +105,19 @@ def softmax(float(N,C) X) -> (Y) {
     after = with_block(before, fused.name, N.Block(
         fused.name, fused.idxs, fused.constraints, fused.refs, tuple(members), fused.tags))
     check_pass("schedule_fused_members", before, after)
+
+
+def test_register_tiles_of_a_panel_split_vector_index_come_first() -> None:
+    """After packing, the vector index n is split into panels n_o (pack.split_index);
+    the register tiles still iterate the vector operand's panels outermost, so the row
+    tiles inside reuse one panel from L1."""
+    from polytile.passes.pack import split_index
+
+    before = lowered(MM, {"A": (19, 23), "B": (23, 70)})
+    split = with_block(before, "s0", split_index(block(before, "s0"), "n", 16))
+    schedule = Schedule(vector="n", lanes=16, unroll=(("m", 4), ("n_o", 2)),
+                        tiles=(("m", 8),), parallel=False)
+    after = scheduled(split, "s0", schedule)
+    (register,) = [s for s in block(after, "s0").stmts if isinstance(s, N.Block)]
+    assert [i.name for i in register.idxs if i.affine is None][:2] == ["n_o_r", "m_r"]
+    check_pass("schedule_panel_register_tiles", split, after)
