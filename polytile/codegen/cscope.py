@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from polytile.dtypes import DType
 from polytile.errors import IRError
-from polytile.ir.nodes import Affine, Dim, Refinement
+from polytile.ir.nodes import Affine, Block, Dim, Refinement
 
 
 @dataclass(frozen=True)
@@ -97,6 +97,18 @@ def resolve(a: Affine, idx: Mapping[str, Affine], where: str) -> Affine:
         raise IRError(f"{where} uses index {missing[0]!r}, which is not an index of the block",
                       hint="a child block receives a parent's index as an index with an affine")
     return a.substitute(idx)
+
+
+def fixed_indices(blk: Block, outer: Mapping[str, Affine]) -> dict[str, Affine]:
+    """The indices of `blk` that do not loop: passed ones resolved in the holder's
+    `outer` indices, and those of range 1 (always 0)."""
+    idx: dict[str, Affine] = {}
+    for ix in blk.idxs:
+        if ix.affine is not None:
+            idx[ix.name] = resolve(ix.affine, outer, f"passed index {ix.name!r}")
+        elif ix.range == 1:
+            idx[ix.name] = Affine.constant(0)
+    return idx
 
 
 def root_view(ref: Refinement, ptr: str, param: int) -> View:

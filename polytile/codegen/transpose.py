@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from polytile import dtypes
-from polytile.codegen.cscope import Scope, c_affine, child_view, resolve, safe
+from polytile.codegen.cscope import Scope, c_affine, child_view, fixed_indices, resolve, safe
 from polytile.codegen.vmath import MASKED_LANES
 from polytile.ir.nodes import Affine, Block, Load, Refinement, Store
 
@@ -58,12 +58,7 @@ def emit(w: "_FunctionWriter", blk: Block, outer: Scope) -> list[str] | None:
     if i is None or a is None or i == a or any(x.coeff(a) for x in dst.access[-1:]) \
             or sum(1 for x in src.access if x.coeff(a)) != 1:
         return None
-    idx: dict[str, Affine] = {}
-    for ix in blk.idxs:
-        if ix.affine is not None:
-            idx[ix.name] = resolve(ix.affine, outer.idx, f"passed index {ix.name!r}")
-        elif ix.range == 1:
-            idx[ix.name] = Affine.constant(0)
+    idx = fixed_indices(blk, outer.idx)
     # Constraints may only bound i or a from above: x <= bound (over other indices).
     bounds: dict[str, list[Affine]] = {i: [], a: []}
     for c in blk.constraints:

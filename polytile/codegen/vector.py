@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 from polytile import dtypes
 from polytile.analysis.deps import scalar_indices
 from polytile.codegen import cexpr
-from polytile.codegen.cscope import Scope, c_affine, child_view, resolve, safe
+from polytile.codegen.cscope import Scope, c_affine, child_view, fixed_indices, resolve, safe
 from polytile.codegen.vmath import MASKED_LANES, VECTOR_MATH_OPS
 from polytile.ir.nodes import Affine, Block, Constant, Intrinsic, Load, LoadIndex, Refinement, Store
 
@@ -143,12 +143,7 @@ def emit(w: "_FunctionWriter", blk: Block, outer: Scope) -> list[str] | None:
         return None
     w.vector_lanes = p.lanes
     p = _memory_order(p, blk, outer)
-    idx: dict[str, Affine] = {}
-    for ix in blk.idxs:
-        if ix.affine is not None:
-            idx[ix.name] = resolve(ix.affine, outer.idx, f"passed index {ix.name!r}")
-        elif ix.range == 1:
-            idx[ix.name] = Affine.constant(0)
+    idx = fixed_indices(blk, outer.idx)
     if not blk.constraints:
         return [f"/* block {safe(blk.name)}: vector */"] + _Emitter(w, blk, outer, p, idx).lines()
     counts = _unroll_counts(blk, p, idx)

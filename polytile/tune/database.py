@@ -137,17 +137,11 @@ class TuningDatabase:
         conn = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_SECONDS, isolation_level=None)
         try:
             conn.execute("PRAGMA foreign_keys = ON")
+            _ensure_schema(conn)
             if write:
-                _ensure_schema(conn)
-                conn.execute("BEGIN IMMEDIATE")
-                try:
+                with _transaction(conn):
                     yield conn
-                    conn.execute("COMMIT")
-                except BaseException:
-                    conn.execute("ROLLBACK")
-                    raise
             else:
-                _ensure_schema(conn)
                 yield conn
         except sqlite3.DatabaseError as e:
             raise PolytileError(f"tuning database {self.path}: {e}",
@@ -310,6 +304,19 @@ def lookup(config: Config, key: TuningKey) -> dict[str, Any] | None:
 
 
 # ---------------------------------------------------------------- helpers
+@contextmanager
+def _transaction(conn: sqlite3.Connection) -> Iterator[None]:
+    """A write transaction that takes the database's write lock at once (concurrent
+    writers wait their turn, up to the busy timeout) and rolls back on any exception."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+
+
 def _ensure_schema(conn: sqlite3.Connection) -> None:
     row = None
     try:
@@ -330,32 +337,22 @@ def _ensure_schema(conn: sqlite3.Connection) -> None:
             break
         except sqlite3.OperationalError:      # another process is creating it
             time.sleep(0.05 * (attempt + 1))
-    conn.execute("BEGIN IMMEDIATE")
-    try:
+    with _transaction(conn):
         for statement in filter(str.strip, _SCHEMA.split(";")):
             conn.execute(statement)
         conn.execute("INSERT OR IGNORE INTO meta (name, value) VALUES ('schema', ?)",
                      (str(SCHEMA_VERSION),))
-        conn.execute("COMMIT")
-    except BaseException:
-        conn.execute("ROLLBACK")
-        raise
 
 
 def _migrate_from_1(conn: sqlite3.Connection) -> None:
     """Add keys.family (empty for the keys already there: they seed nothing)."""
-    conn.execute("BEGIN IMMEDIATE")
-    try:
+    with _transaction(conn):
         # Another process may have migrated between our read and this transaction.
         row = conn.execute("SELECT value FROM meta WHERE name = 'schema'").fetchone()
         if int(row[0]) == 1:
             conn.execute("ALTER TABLE keys ADD COLUMN family TEXT NOT NULL DEFAULT ''")
             conn.execute("UPDATE meta SET value = ? WHERE name = 'schema'",
                          (str(SCHEMA_VERSION),))
-        conn.execute("COMMIT")
-    except BaseException:
-        conn.execute("ROLLBACK")
-        raise
 
 
 def _insert_key(conn: sqlite3.Connection, key: TuningKey, function: str,
