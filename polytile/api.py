@@ -173,8 +173,9 @@ class TCFunction:
 
     def _key(self, args: tuple[Any, ...]) -> tuple:
         """Shapes of the tensors and values of the integer scalars: one compiled kernel each."""
-        return (tuple(args[k].shape for k in self._tensor_pos),
-                tuple(int(args[k]) for k in self._int_pos))
+        # List comprehensions: this runs on every call, and a generator costs a microsecond.
+        shapes = tuple([args[k].shape for k in self._tensor_pos])
+        return shapes, (tuple([int(args[k]) for k in self._int_pos]) if self._int_pos else ())
 
     def _fast_call(self, args: tuple[Any, ...], out: Any) -> Any:
         """The cached path: arguments already seen with these shapes; None to take the
