@@ -173,7 +173,8 @@ class TCFunction:
 
     def _key(self, args: tuple[Any, ...]) -> tuple:
         """Shapes of the tensors and values of the integer scalars: one compiled kernel each."""
-        # List comprehensions: this runs on every call, and a generator costs a microsecond.
+        # Runs on every call: list comprehensions (a generator costs a microsecond), and no
+        # tuple built when there are no integer scalars.
         shapes = tuple([args[k].shape for k in self._tensor_pos])
         return shapes, (tuple([int(args[k]) for k in self._int_pos]) if self._int_pos else ())
 

@@ -115,8 +115,8 @@ def choose_schedule(block: N.Block, target: Target) -> Schedule:
     unroll: list[tuple[str, int]] = []
     # Register tiles pay by reusing loaded operands across multiply-adds; without a
     # reduction there is nothing to accumulate, and unrolling a streaming elementwise
-    # block only breaks its unit-stride sweep into strided pieces (bias+GELU: 1.4x,
-    # batchnorm's normalize: 1.5x slower with the 6x4 tile than without).
+    # block only breaks its unit-stride sweep into strided pieces (batchnorm with out=:
+    # 17.1 ms with the old 6x4 tile on its normalize, 11.3 ms without).
     if vector is not None and reductions:
         inputs = [r for r in block.refs if r.dir == "in"]
         reuse = {n: sum(1 for r in inputs if not any(a.coeff(n) for a in r.access))

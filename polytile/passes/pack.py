@@ -27,7 +27,7 @@ from typing import Any
 from polytile.ir import nodes as N
 from polytile.ir.lower import contiguous
 from polytile.passes.pipeline import PASSES
-from polytile.passes.schedule import _is_parallel
+from polytile.passes.schedule import _is_parallel, panel_index
 from polytile.passes.tile import substitute_local
 from polytile.targets.target import Target
 
@@ -122,7 +122,7 @@ def _pack_members(container: N.Block, target: Target, settings: tuple[int, int])
                 packed[copy.key] = name
             name = packed[copy.key]
             k = next(k for k, r in enumerate(refs) if r.into == into)
-            access = ((N.Affine.index(v + "_o"),)
+            access = ((N.Affine.index(panel_index(v)),)
                       + tuple(refs[k].access[j] for j in copy.looped) + (N.Affine.index(v),))
             refs[k] = replace(refs[k], from_=name, access=access, shape=N.TensorShape(
                 copy.shape.dtype, tuple(N.Dim(1, x.stride) for x in copy.shape.dims)))
@@ -186,7 +186,7 @@ def split_index(block: N.Block, name: str, width: int) -> N.Block:
     """`name` -> `width*name_o + name` with `name` now ranging over one panel of `width`;
     a constraint removes the overflow of the last panel. The block stays flat."""
     old = next(i for i in block.idxs if i.name == name)
-    outer = name + "_o"
+    outer = panel_index(name)
     value = N.Affine.of({outer: width, name: 1})
     idxs: list[N.Index] = []
     for i in block.idxs:

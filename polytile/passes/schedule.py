@@ -70,13 +70,18 @@ def apply_schedule(block: N.Block, schedule: Schedule, parent: N.Block) -> N.Blo
     return result
 
 
+def panel_index(name: str) -> str:
+    """The index over the vector-width panels that pack.split_index splits `name` into."""
+    return name + "_o"
+
+
 def _vector_tiles_first(block: N.Block, vector: str | None) -> N.Block:
     """Iterate register tiles with the vector index outermost: consecutive micro-kernels
-    then share the vector operand's panel, which stays in L1. Packing splits the vector
-    index `v` into panels `v_o` (pack.split_index), so its register tiles are `v_o_r`."""
+    then share the vector operand's panel, which stays in L1. After packing, the vector
+    index's register tiles run over its panels."""
     if vector is None:
         return block
-    names = (vector + "_r", vector + "_o_r")    # plain, or split into packed panels
+    names = (vector + "_r", panel_index(vector) + "_r")
     first = [i for i in block.idxs if i.name in names]
     return replace(block, idxs=tuple(first + [i for i in block.idxs if i.name not in names]))
 
