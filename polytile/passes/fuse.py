@@ -10,21 +10,32 @@ inside it shrink to one row (localize).
 Legality comes from exact dependences: for every pair of accesses to one buffer
 (at least one a write) by two members, isl proves that rows r != r' never touch the
 same element, so the fused rows are independent and can run in parallel.
-A member is fusible when it does not reuse a large input across rows (a
-contraction whose weights are shared by every row keeps its own tiled loop nest).
+Strategies (TC §6.2 names max, preserve-parallelism and min):
+
+    rows  a member must also not reuse a large input across rows: a contraction whose
+          weights, shared by every row, exceed half of L1 keeps its own tiled loop nest
+    max   every kernel whose rows are independent fuses, such a contraction included
+          (it gives up its cache tiles for the row loop)
+    none  no fusion
+
+Both "rows" and "max" keep the fused loop parallel; fusing across a dependence between
+rows (which would serialize it) is not built.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from typing import Any
 
 import islpy as isl
 
+from polytile.errors import ArgumentError
 from polytile.ir import nodes as N
 from polytile.passes.pipeline import PASSES
 from polytile.targets.target import Target
 
 ROW = "r"
+STRATEGIES = ("rows", "max", "none")
 
 
 def _row_index(block: N.Block) -> N.Index | None:
@@ -38,7 +49,7 @@ def _row_index(block: N.Block) -> N.Index | None:
     return first
 
 
-def _fusible(block: N.Block, budget: int) -> bool:
+def _fusible(block: N.Block, budget: float) -> bool:
     if "kernel" not in block.tags or any(isinstance(s, N.Block) for s in block.stmts):
         return False
     row = _row_index(block)
@@ -98,9 +109,13 @@ def _conflict_free(a: N.Block, b: N.Block) -> bool:
 
 
 def fuse(fn: N.Function, target: Target, params: dict[str, Any]) -> N.Function:
-    if params.get("strategy", "rows") == "none":
+    strategy = params.get("strategy", "rows")
+    if strategy not in STRATEGIES:
+        raise ArgumentError(f"fuse.strategy must be one of {', '.join(STRATEGIES)}, "
+                            f"got {strategy!r}")
+    if strategy == "none":
         return fn
-    budget = target.cache_size("L1") // 2
+    budget = math.inf if strategy == "max" else target.cache_size("L1") // 2
     groups: list[list[N.Statement]] = []
     for s in fn.body.stmts:
         last = groups[-1] if groups else None

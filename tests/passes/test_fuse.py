@@ -3,6 +3,9 @@ parallel index become one row loop; temporaries used only there shrink to one ro
 Golden text before and after, and the same results from the IR interpreter."""
 from __future__ import annotations
 
+import pytest
+
+from polytile.errors import ArgumentError
 from polytile.ir import nodes as N
 from polytile.passes.fuse import fuse
 
@@ -100,17 +103,34 @@ def sums(float(M,N) X) -> (R, C) {
     check_pass("fuse_different_rows", before, after)
 
 
-def test_weights_shared_by_every_row_keep_their_own_loop_nest() -> None:
-    """A contraction whose shared input is larger than the L1 budget is not fusible."""
-    mm = """
+MMRELU = """
 def mmrelu(float(M,K) A, float(K,N) B) -> (C) {
   C(m,n) +=! A(m,k) * B(k,n)
   C(m,n) = fmaxf(C(m,n), 0)
 }
 """
-    before = lowered(mm, {"A": (3, 128), "B": (128, 96)})   # B: 48 KiB > 16 KiB
+
+
+def test_weights_shared_by_every_row_keep_their_own_loop_nest() -> None:
+    """A contraction whose shared input is larger than the L1 budget is not fusible."""
+    before = lowered(MMRELU, {"A": (3, 128), "B": (128, 96)})   # B: 48 KiB > 16 KiB
     after = fuse(before, GENERIC, {})
     assert not any("fused" in b.tags for b in top_blocks(after))
+
+
+def test_strategy_max_fuses_the_contraction_too() -> None:
+    """max fusion ignores the L1 budget: init, contraction and relu become one row loop."""
+    before = lowered(MMRELU, {"A": (3, 130), "B": (130, 97)})
+    after = fuse(before, GENERIC, {"strategy": "max"})
+    blocks = top_blocks(after)
+    assert [b.name for b in blocks] == ["fused_0"]
+    assert [m.name for m in blocks[0].stmts if isinstance(m, N.Block)] == ["s0_init", "s0", "s1"]
+    check_pass("fuse_max_mmrelu", before, after)
+
+
+def test_unknown_strategy_is_an_argument_error() -> None:
+    with pytest.raises(ArgumentError, match="fuse.strategy must be one of rows, max, none"):
+        fuse(lowered(SOFTMAX, {"X": (5, 13)}), GENERIC, {"strategy": "maximal"})
 
 
 def test_strategy_none_changes_nothing() -> None:
