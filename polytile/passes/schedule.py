@@ -24,13 +24,16 @@ class Schedule:
     vectors: int = 1                               # vectors per register tile along `vector`
     tiles: tuple[tuple[str, int], ...] = ()        # cache tile: index -> size
     parallel: bool = True                          # run the outer tile loop with OpenMP
+    order: tuple[str, ...] = ()                    # cache tile loops, outermost first
+                                                   # (indices of `tiles`; () = block order)
 
     def text(self) -> str:
         """Canonical text (cache keys, tuning records)."""
         unroll = ",".join(f"{k}:{v}" for k, v in self.unroll)
         tiles = ",".join(f"{k}:{v}" for k, v in self.tiles)
+        order = f" order={','.join(self.order)}" if self.order else ""
         return (f"vec={self.vector}x{self.lanes}x{self.vectors} unroll={unroll} "
-                f"tiles={tiles} parallel={int(self.parallel)}")
+                f"tiles={tiles} parallel={int(self.parallel)}{order}")
 
 
 def apply_schedule(block: N.Block, schedule: Schedule, parent: N.Block) -> N.Block:
@@ -42,7 +45,7 @@ def apply_schedule(block: N.Block, schedule: Schedule, parent: N.Block) -> N.Blo
     result = block
     inner_path: list[int] = []
     if cache:
-        result = tile(block, cache, _sizes(parent), suffix="_c")
+        result = _ordered(tile(block, cache, _sizes(parent), suffix="_c"), schedule.order)
         inner_path = [0]
     leaf_tags = {"regtile"}
     if schedule.vector is not None:
@@ -68,6 +71,14 @@ def apply_schedule(block: N.Block, schedule: Schedule, parent: N.Block) -> N.Blo
     if schedule.parallel and cache and any(_is_parallel(block, k) for k in cache):
         result = replace(result, tags=result.tags | {"parallel"})
     return result
+
+
+def _ordered(tiled: N.Block, order: tuple[str, ...]) -> N.Block:
+    """The cache tile loops of `tiled` with those of `order` first, in that order (a
+    Stripe block's iterations are independent: any loop order means the same)."""
+    names = [n + "_c" for n in order]
+    first = [i for n in names for i in tiled.idxs if i.name == n]
+    return replace(tiled, idxs=tuple(first + [i for i in tiled.idxs if i.name not in names]))
 
 
 def panel_index(name: str) -> str:

@@ -22,7 +22,7 @@ from polytile.errors import ArgumentError
 from polytile.passes.schedule import Schedule
 
 FORMAT = 1
-_SCHEDULE_FIELDS = ("vector", "lanes", "unroll", "vectors", "tiles", "parallel")
+_SCHEDULE_FIELDS = ("vector", "lanes", "unroll", "vectors", "tiles", "parallel", "order")
 
 
 @dataclass(frozen=True)
@@ -87,9 +87,10 @@ class Options:
 
 
 def _schedule_json(s: Schedule) -> dict[str, Any]:
-    return {"vector": s.vector, "lanes": s.lanes, "vectors": s.vectors,
-            "unroll": [[k, v] for k, v in s.unroll], "tiles": [[k, v] for k, v in s.tiles],
-            "parallel": s.parallel}
+    out = {"vector": s.vector, "lanes": s.lanes, "vectors": s.vectors,
+           "unroll": [[k, v] for k, v in s.unroll], "tiles": [[k, v] for k, v in s.tiles],
+           "parallel": s.parallel}
+    return {**out, "order": list(s.order)} if s.order else out
 
 
 def _pairs(block: str, field: str, value: Any) -> tuple[tuple[str, int], ...]:
@@ -117,6 +118,9 @@ def _schedule_from_json(block: str, data: Any) -> Schedule:
         raise ArgumentError(f"schedule of {block}: vector must be an index name or null")
     if not isinstance(lanes, int) or not isinstance(vectors, int) or lanes < 1 or vectors < 1:
         raise ArgumentError(f"schedule of {block}: lanes and vectors must be positive integers")
+    order = data.get("order", [])
+    if not isinstance(order, list) or not all(isinstance(n, str) for n in order):
+        raise ArgumentError(f"schedule of {block}: order must be a list of index names")
     return Schedule(vector, lanes, _pairs(block, "unroll", data.get("unroll", [])), vectors,
                     _pairs(block, "tiles", data.get("tiles", [])),
-                    bool(data.get("parallel", True)))
+                    bool(data.get("parallel", True)), tuple(order))

@@ -44,6 +44,20 @@ def test_outer_product_schedule_for_matmul() -> None:
     check_pass("schedule_mm_outer_product", before, after)
 
 
+def test_cache_tile_loop_order() -> None:
+    """order puts the reduction's tile loop k_c outermost, then n_c; m_c follows. The
+    OpenMP loop stays a parallel one (the code generator picks the first loop whose
+    iterations write disjoint elements)."""
+    before = lowered(MM, {"A": (19, 23), "B": (23, 37)})
+    schedule = Schedule(vector="n", lanes=8, unroll=(("m", 4),), vectors=2,
+                        tiles=(("k", 8), ("m", 8), ("n", 32)), parallel=True,
+                        order=("k", "n"))
+    assert schedule.text().endswith("parallel=1 order=k,n")
+    after = scheduled(before, "s0", schedule)
+    assert [i.name for i in block(after, "s0").idxs] == ["k_c", "n_c", "m_c"]
+    check_pass("schedule_mm_loop_order", before, after)
+
+
 def test_dot_product_schedule_for_tmm() -> None:
     """Vector index kk is a reduction (unit stride in both inputs): a dot-product kernel
     with a 2x2 register tile of accumulators; only kk has a cache tile."""
