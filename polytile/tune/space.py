@@ -5,10 +5,15 @@ dimensions and admissible values").
     space.genes            # (Gene("fuse.strategy", ("rows", "none")), Gene("s0.tile.i0", (1, 2, ...)), ...)
     space.default          # the heuristics' Options; space.default_point encodes it
     space.decode(point)    # Options, or None for a point pruned before compiling
+    space.predefined()     # more starting points: the heuristics under other pipeline choices
 
 A point is one value index per gene, the genetic algorithm's chromosome. The genes:
 
-* pipeline choices, for the passes the target runs: fusion strategy, packing on/off;
+* pipeline choices, for the passes the target runs: fusion strategy (TC §6.2's max,
+  preserve-parallelism and min: the fuse pass's "max", "rows" and "none"; see
+  polytile/passes/fuse.py), packing on/off, pointer increments on/off. A choice none
+  of whose values changes this program (no kernel to fuse, nothing to pack) is not a
+  gene: it would only add copies of the same kernels;
 * `lanes`: vector width, the target's full width or half of it (one for the function:
   the generated C declares one vector type);
 * per kernel block (names are stable: they come from the lowered program):
@@ -16,20 +21,15 @@ A point is one value index per gene, the genetic algorithm's chromosome. The gen
   `vectors` (vectors per register tile along a parallel vector index),
   `unroll.<index>` (register tile factor of each parallel index),
   `tile.<index>` (cache tile: powers of two and ceil-divisors of the extent, so a
-  tile size can avoid a tail tile, TC §6.2 footnote), `parallel` (OpenMP on the
-  outer tile loop). Members of a fused block get a register tile only, as in autotile.
+  tile size can avoid a tail tile, TC §6.2 footnote), `order` (loop order of the
+  cache tiles: every permutation of up to three loops, else the block's order, each
+  loop moved to the front and the reverse), `parallel` (OpenMP on the outermost tile
+  loop whose iterations write disjoint elements). Members of a fused block get a
+  register tile only, as in autotile.
 
-Fusion strategies: TC §6.2 names three (max, preserve-parallelism, min); the fuse
-pass has two, so the gene has two values:
-
-    preserve-parallelism -> "rows": consecutive kernels sharing an outer parallel
-                            index fuse into one loop over it, only when isl proves
-                            distinct rows independent (the fused loop stays parallel)
-    min                  -> "none": no fusion, every kernel its own loop nest
-    max                  -> (none): fusing across a dependence between rows (which
-                            serializes the loop) is not implemented, and "rows"
-                            always leaves out a kernel whose rows share more than
-                            half of L1 of an operand (it keeps its tiled loop nest)
+The loop order inside a cache tile is not a gene: the vector generator orders a
+micro-kernel's loops by the layout of its largest input and the reorder pass puts the
+smallest stride innermost in scalar code.
 
 A gene that does not apply to a point (the tile of a block that is fused, the
 vectors of a reduction vector index) is ignored when decoding. Decoding repairs
@@ -57,8 +57,9 @@ from polytile.tune.options import Options
 
 # Pipeline parameters worth searching, by pass; used only for passes the target runs.
 PIPELINE_CHOICES: dict[str, tuple[Any, ...]] = {
-    "fuse.strategy": ("rows", "none"),
+    "fuse.strategy": ("rows", "max", "none"),
     "pack.enabled": (True, False),
+    "ptrinc.enabled": (True, False),
 }
 UNROLL_FACTORS = (1, 2, 3, 4, 5, 6, 8)
 VECTORS = (1, 2, 3, 4)
@@ -164,6 +165,19 @@ class Space:
         wanted = {**_gene_values(self.default, self), **_gene_values(options, self)}
         return tuple(_nearest(g.values, wanted.get(g.name, g.values[0])) for g in self.genes)
 
+    def predefined(self) -> list[tuple[int, ...]]:
+        """TC §6.2's "predefined strategies": the heuristics' schedules under every
+        other setting of the pipeline choices, then each of those and the default at
+        half vector width. Pruned points are left out."""
+        points = [self.encode(Options.of({}, dict(v.passes))) for v in self.variants[1:]]
+        if "lanes" in self._index:
+            k = self._index["lanes"]
+            half = self.genes[k].values.index(2) if 2 in self.genes[k].values else None
+            if half is not None:
+                points += [p[:k] + (half,) + p[k + 1:]
+                           for p in [self.default_point, *points]]
+        return [p for p in dict.fromkeys(points) if self.decode(p) is not None]
+
     def random_point(self, rng: random.Random) -> tuple[int, ...]:
         return tuple(rng.randrange(len(g.values)) for g in self.genes)
 
@@ -188,11 +202,16 @@ def build_space(lowered: N.Function, target: Target,
         if gene.split(".")[0] in names[:cut]:
             default = defaults.get(gene, values[0])
             choices[gene] = (default,) + tuple(v for v in values if v != default)
-    variants = []
+    programs = {}
     for combo in itertools.product(*choices.values()):
         passes = tuple(zip(choices, combo))
-        fn = run_pipeline(lowered, before, dict(passes))
-        variants.append(Variant(passes, tuple(kernel_blocks(fn, target))))
+        programs[passes] = run_pipeline(lowered, before, dict(passes))
+    choices = {name: _distinct(programs, k) for k, name in enumerate(choices)}
+    variants = [Variant(tuple(p for p in passes if len(choices[p[0]]) > 1),
+                        tuple(kernel_blocks(fn, target)))
+                for passes, fn in programs.items()
+                if all(value in choices[name] for name, value in passes)]
+    choices = {name: values for name, values in choices.items() if len(values) > 1}
     default_variant = variants[0]
     default = Options.of({kb.name: kb.default for kb in default_variant.blocks},
                          dict(default_variant.passes))
@@ -200,6 +219,22 @@ def build_space(lowered: N.Function, target: Target,
     genes += _schedule_genes(variants, target, [default, *extra])
     space = Space(target, tuple(genes), tuple(variants), default, ())
     return replace(space, default_point=space.encode(default))
+
+
+def _distinct(programs: dict[tuple[tuple[str, Any], ...], N.Function],
+              gene: int) -> tuple[Any, ...]:
+    """The values of pipeline choice number `gene` (the default first) that give a
+    program of their own: a value that gives the same program as an earlier one for
+    every setting of the other choices is left out."""
+    def program(passes: tuple[tuple[str, Any], ...], value: Any) -> N.Function:
+        return programs[passes[:gene] + ((passes[gene][0], value),) + passes[gene + 1:]]
+
+    values = tuple(dict.fromkeys(passes[gene][1] for passes in programs))
+    kept: list[Any] = []
+    for v in values:
+        if not any(all(program(p, v) == program(p, u) for p in programs) for u in kept):
+            kept.append(v)
+    return tuple(kept)
 
 
 def kernel_blocks(fn: N.Function, target: Target) -> list[KernelBlock]:
@@ -260,6 +295,7 @@ def _schedule_genes(variants: Sequence[Variant], target: Target,
                 for n, extent in kb.loops.items():
                     if extent > 1:
                         add(f"{name}.tile.{n}", tile_sizes(extent))
+                add(f"{name}.order", loop_orders([n for n, e in kb.loops.items() if e > 1]))
             add(f"{name}.parallel", (first.default.parallel, not first.default.parallel))
     if vectorized and len(LANE_DIVISORS) > 1:
         add("lanes", LANE_DIVISORS)
@@ -269,6 +305,14 @@ def _schedule_genes(variants: Sequence[Variant], target: Target,
                 add(name, [value])
     return [Gene(name, tuple(sorted(vs) if _numeric(vs) else vs))
             for name, vs in values.items()]
+
+
+def loop_orders(loops: Sequence[str]) -> list[tuple[str, ...]]:
+    """Orders of a block's cache tile loops to try, the block's own first."""
+    if len(loops) <= 3:
+        return list(itertools.permutations(loops))
+    moved = [(n, *(m for m in loops if m != n)) for n in loops]
+    return list(dict.fromkeys([tuple(loops), *moved, tuple(reversed(loops))]))
 
 
 def _numeric(values: Sequence[Any]) -> bool:
@@ -300,6 +344,8 @@ def _gene_values(options: Options, space: Space | None) -> dict[str, Any]:
                 if not kb.member:
                     for n, extent in kb.loops.items():
                         out.setdefault(f"{name}.tile.{n}", extent)
+                    loops = [n for n, e in kb.loops.items() if e > 1]
+                    out[f"{name}.order"] = s.order + tuple(n for n in loops if n not in s.order)
     return out
 
 
@@ -354,5 +400,8 @@ def _decode_block(space: Space, point: Sequence[int], kb: KernelBlock,
             tiles[n] = size
     run_parallel = bool(space.value(point, f"{name}.parallel", kb.default.parallel)) and any(
         n in parallel for n in tiles)
+    order = tuple(n for n in space.value(point, f"{name}.order", ()) if n in tiles)
+    if len(order) < 2 or order == tuple(tiles):     # tiles are in the block's order
+        order = ()
     return Schedule(vector, lanes, tuple(sorted(unroll.items())), vectors,
-                    tuple(sorted(tiles.items())), run_parallel)
+                    tuple(sorted(tiles.items())), run_parallel, order)

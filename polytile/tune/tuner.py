@@ -5,14 +5,15 @@
 
 The run: build the space of the lowered program; seed the first population with
 the heuristics' default, this key's stored best and the best options of the same
-program tuned at other sizes (its family), re-encoded onto this space: each gene
+program tuned at other sizes (its family), re-encoded onto this space (each gene
 takes the nearest value this space has, a gene the options say nothing about takes
-the default's (tile sizes stay absolute: they are about cache capacity, not the
-extent); let the search strategy propose batches; compile each batch in parallel,
-profile it one candidate at a time, check each candidate's output once against the
-reference interpreter, and record the batch in the tuning database (one
-transaction per batch, so an interrupted run keeps what it measured). Later
-compilations of the same key pick the best entry up through Compiler(tuned=...).
+the default's; tile sizes stay absolute: they are about cache capacity, not the
+extent), then the space's predefined points (the heuristics under the other pipeline
+choices and at half width); both strategies get the same seeds. Let the search
+strategy propose batches; compile each batch in parallel, profile it one candidate
+at a time, check each candidate's output once against the reference interpreter,
+and record the batch in the tuning database (one transaction per batch, so an
+interrupted run keeps what it measured). Later compilations of the same key pick the best entry up through Compiler(tuned=...).
 """
 from __future__ import annotations
 
@@ -169,7 +170,8 @@ def tune_spec(compiler: Compiler, spec: Specialized, inputs: dict[str, np.ndarra
     # Only options for these very sizes add their values to the genes; another size's
     # tile sizes would be noise in this space.
     space = build_space(lowered, compiler.target, exact)
-    seeds = [space.default_point] + [space.encode(o) for o in exact + similar]
+    seeds = ([space.default_point] + [space.encode(o) for o in exact + similar]
+             + space.predefined())
     name = spec.fn.name
     session = _Session(
         space=space, key=key, function=name, db=db, deadline=deadline,

@@ -37,7 +37,7 @@ def _spec(workload):  # type: ignore[no-untyped-def]
 
 def test_options_round_trip_through_json() -> None:
     options = Options.of({"s0": Schedule("i2", 16, (("i0", 4), ("i1", 3)), 1,
-                                         (("i0", 64), ("i1", 96)), True),
+                                         (("i0", 64), ("i1", 96)), True, ("i1", "i0")),
                           "s0_init": Schedule(None, 1, (), 1, (), False)},
                          {"fuse.strategy": "none", "pack.enabled": False})
     back = Options.from_json(options.dumps())
@@ -50,6 +50,7 @@ def test_options_round_trip_through_json() -> None:
     ('{"schedules": {"s0": {"vector": 3}}}', "vector"),
     ('{"schedules": {"s0": {"unroll": [["i0", 0]]}}}', "positive"),
     ('{"schedules": {"s0": {"tile": []}}}', "unknown fields"),
+    ('{"schedules": {"s0": {"order": "i0"}}}', "order must be a list"),
     ('{"passes": {"strategy": "rows"}}', "pass.param"),
     ('{"format": 7}', "format"),
     ("[1, 2]", "JSON object"),
@@ -176,3 +177,78 @@ def test_options_of_another_size_encode_onto_this_space() -> None:
             if f"{name}.tile.{index}" in genes:
                 nearest = min(genes[f"{name}.tile.{index}"], key=lambda v: abs(v - size))
                 assert small.value(point, f"{name}.tile.{index}") == nearest
+
+
+def _genes(name: str) -> dict[str, tuple[object, ...]]:
+    spec = _spec(WORKLOADS[name])
+    return {g.name: g.values for g in build_space(lower(canonical(spec)), select_target()).genes}
+
+
+def test_pipeline_genes_are_the_choices_that_change_the_program() -> None:
+    # tmm: rows leaves the contraction (shared weights) unfused, like none; max fuses it.
+    assert _genes("tmm 128x32x256")["fuse.strategy"] == ("rows", "max")
+    # softmax: max fuses nothing that rows does not.
+    assert _genes("softmax 33x101")["fuse.strategy"] == ("rows", "none")
+    # Nothing to pack or to address through pointer tables.
+    assert "pack.enabled" not in _genes("softmax 33x101")
+    assert "ptrinc.enabled" not in _genes("tmm 128x32x256")
+
+
+# The quick set, and two full-size workloads whose shared weights only "max" fuses.
+@pytest.mark.parametrize("name", sorted(w.name for w in quick_set())
+                         + ["tmm 128x32x256", "MLP3 128x128x64x32x2"])
+def test_every_pipeline_variant_compiles_and_matches_numpy(name: str, tmp_path: Path) -> None:
+    import numpy as np
+
+    from polytile.api import define
+    workload = WORKLOADS[name]
+    spec = _spec(workload)
+    target = select_target()
+    space = build_space(lower(canonical(spec)), target)
+    args = workload.make_inputs(np.random.default_rng(1))
+    expected = workload.numpy(*args)
+    module = define(workload.tc, config=Config(cache_dir=tmp_path))
+    assert module.compiler is not None
+    for variant in space.variants:
+        options = space.decode(space.encode(Options.of({}, dict(variant.passes))))
+        assert options is not None and options.passes == variant.passes
+        module.compiler.options = options.pass_options()
+        got = module[workload.function](*args)
+        np.testing.assert_allclose(got, expected, rtol=workload.rtol, atol=workload.atol,
+                                   err_msg=options.text())
+
+
+def test_predefined_points_are_the_heuristics_under_other_choices() -> None:
+    spec = _spec(WORKLOADS["tmm 128x32x256"])
+    space = build_space(lower(canonical(spec)), select_target())
+    points = space.predefined()
+    assert space.default_point not in points
+    decoded = [space.decode(p) for p in points]
+    assert all(o is not None for o in decoded)
+    passes = {o.passes for o in decoded if o is not None}
+    assert {v.passes for v in space.variants[1:]} <= passes
+    assert _half_width_point(space) in points
+
+
+@pytest.mark.parametrize("name", ["tmm 37x19x53", "MLP3 8x17x9x5x2", "batchnorm 4x6x7x5"])
+def test_points_with_a_loop_order_compile_and_match_numpy(name: str, tmp_path: Path) -> None:
+    import numpy as np
+
+    from polytile.api import define
+    workload = WORKLOADS[name]
+    space = build_space(lower(canonical(_spec(workload))), select_target())
+    rng = random.Random(3)
+    ordered = []
+    while len(ordered) < 3:
+        options = space.decode(space.random_point(rng))
+        if options is not None and any(s.order for _, s in options.schedules):
+            ordered.append(options)
+    args = workload.make_inputs(np.random.default_rng(2))
+    expected = workload.numpy(*args)
+    module = define(workload.tc, config=Config(cache_dir=tmp_path))
+    assert module.compiler is not None
+    for options in ordered:
+        module.compiler.options = options.pass_options()
+        np.testing.assert_allclose(module[workload.function](*args), expected,
+                                   rtol=workload.rtol, atol=workload.atol,
+                                   err_msg=options.text())
