@@ -41,6 +41,9 @@ from polytile.config import Config, load_config
 RESULTS_PATH = Path("benchmarks") / "RESULTS.md"   # relative to the current directory
 STRATEGIES = ("genetic", "random")
 DEFAULT, NUMPY = "default", "numpy"
+# Two strategies' results closer than this are a tie: the tuner's own confirmation
+# margin (TuneSettings.min_gain), and about the run-to-run noise of this host.
+TIE = 0.03
 # Issue 4's targets stated as a ratio to NumPy's speed (issue 5: the tuned kernel
 # should reach them on tmm 1024³ and tbmm).
 NUMPY_TARGETS = {"tmm 1024x1024x1024": 0.6, "tbmm 500x26x72x26": 1.0, "tmm 128x32x256": 1.0}
@@ -127,9 +130,16 @@ def summary(rows: Sequence[TuningRow], strategies: Sequence[str]) -> list[str]:
             out.append(f"{s}: no workload tuned and timed")
     if set(STRATEGIES) <= set(strategies):
         both = [r for r in rows if r.speedup("genetic") and r.speedup("random")]
-        wins = sum(1 for r in both if (r.speedup("genetic") or 0) > (r.speedup("random") or 0))
-        out.append(f"genetic faster than random at equal budget on {wins} of {len(both)} "
-                   f"workload(s)")
+        ratios = [(r.speedup("genetic") or 0) / (r.speedup("random") or 1) for r in both]
+        wins = sum(1 for x in ratios if x > 1 + TIE)
+        losses = sum(1 for x in ratios if x < 1 - TIE)
+        out.append(f"genetic against random at equal budget, {len(both)} workload(s): faster "
+                   f"on {wins}, within {TIE:.0%} on {len(both) - wins - losses}, slower on "
+                   f"{losses}")
+        found = {s: sum(1 for r in rows if s in r.tuned and r.tuned[s].options)
+                 for s in STRATEGIES}
+        out.append("options other than the default won the tuner's confirmation: "
+                   + ", ".join(f"{s} on {n}" for s, n in found.items()))
     for row in rows:
         target = NUMPY_TARGETS.get(row.name)
         ratios = [x for x in (row.vs_numpy(row.tuned[s].seconds) for s in strategies
@@ -330,30 +340,39 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     def log(text: str) -> None:
         print(text, file=sys.stderr, flush=True)
-    rows = []
+    rows: list[TuningRow] = []
     start = time.perf_counter()
+
+    def write(done: bool) -> None:
+        title = "Tuning" + (" (quick smoke run, small sizes)" if args.quick else "") + (
+            f" (only {', '.join(args.only)})" if args.only else "")
+        notes = [f"{args.blas_env_removed} unset for this run (NumPy's BLAS reads them at "
+                 "import)"] if args.blas_env_removed else []
+        if busy:
+            notes.append("warning: load average at least 0.5 before starting (see Machine): "
+                         "other processes shared the cores")
+        if not done:
+            notes.append(f"INCOMPLETE: {len(rows)} of {len(workloads)} workloads so far "
+                         "(written after each workload; the run has not finished)")
+        end = {"load average": f"{facts['load average']} at start, {load_average()} "
+                               f"{'at end' if done else 'now'}"}
+        section = "tuning" + ("-quick" if args.quick else "") + ("-partial" if args.only else "")
+        write_section(RESULTS_PATH, section,
+                      tuning_markdown(rows, strategies, budget=args.budget,
+                                      facts={**facts, **end}, command=command_text(args),
+                                      date=date, title=title, notes=notes))
+
     for k, w in enumerate(workloads):
         log(f"[{k + 1}/{len(workloads)}] {w.name} ({time.perf_counter() - start:.0f} s)")
         rows.append(tune_workload(w, settings, load_config(), log, first=k % len(strategies)))
-    facts = {**facts, "load average": f"{facts['load average']} at start, "
-                                      f"{load_average()} at end"}
+        if not args.no_write and k + 1 < len(workloads):
+            write(done=False)
     print()
     print(format_text(*tuning_table(rows, strategies)))
     print()
     print("\n".join(summary(rows, strategies)))
     if not args.no_write:
-        title = "Tuning" + (" (quick smoke run, small sizes)" if args.quick else "") + (
-            f" (only {', '.join(args.only)})" if args.only else "")
-        blas = f"{args.blas_env_removed} unset for this run (NumPy's BLAS reads them at import)"
-        notes = [blas] if args.blas_env_removed else []
-        if busy:
-            notes.append("warning: load average at least 0.5 before starting (see Machine): "
-                         "other processes shared the cores")
-        section = "tuning" + ("-quick" if args.quick else "") + ("-partial" if args.only else "")
-        write_section(RESULTS_PATH, section,
-                      tuning_markdown(rows, strategies, budget=args.budget, facts=facts,
-                                      command=command_text(args), date=date, title=title,
-                                      notes=notes))
+        write(done=True)
         print(f"\nwrote {RESULTS_PATH}")
     wrong = [r.name for r in rows
              if "WRONG" in (r.default_status, *(t.status for t in r.tuned.values()))]

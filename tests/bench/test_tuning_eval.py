@@ -49,7 +49,10 @@ def test_summary_states_median_speedups_the_comparison_and_the_targets() -> None
     lines = summary(_rows(), tuning.STRATEGIES)
     assert lines[0].startswith("genetic: median speedup over the default 2.00x over 3 ")
     assert lines[1].startswith("random: median speedup over the default 1.62x over 2 ")
-    assert lines[2] == "genetic faster than random at equal budget on 1 of 2 workload(s)"
+    assert lines[2] == ("genetic against random at equal budget, 2 workload(s): faster on 1, "
+                        "within 3% on 0, slower on 1")
+    assert lines[3] == ("options other than the default won the tuner's confirmation: "
+                        "genetic on 1, random on 0")
     assert "tmm 1024x1024x1024: best tuned kernel 1.00x NumPy's speed, target >= 0.6x: met" \
         in lines
     assert "tbmm 500x26x72x26: best tuned kernel 2.00x NumPy's speed, target >= 1x: met" \
@@ -93,5 +96,6 @@ def test_quick_run_tunes_checks_times_and_writes_the_section(
     text = (tmp_path / "benchmarks" / "RESULTS.md").read_text()
     assert "<!-- polytile-bench:tuning-quick-partial:begin -->" in text
     assert "--quick --only=tmm,softmax" in text
+    assert "INCOMPLETE" not in text       # the section written after tmm was replaced
     rows = [line for line in text.splitlines() if line.startswith(("| tmm ", "| softmax "))]
     assert len(rows) == 2 and all(row.rstrip(" |").endswith("ok") for row in rows)
