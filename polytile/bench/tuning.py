@@ -8,8 +8,11 @@ kernel tuned for `--budget` in a tuning database of its own (a fresh cache direc
 per workload and strategy, so no run seeds another and each starts from the
 default); every kernel's first call is checked against NumPy, then the default,
 the tuned kernels and NumPy are timed together with the bench's rotated blocks
-(polytile.bench.timing). Memory-bound workloads write into preallocated outputs
-(`out=`), the way the tuner measures them, so allocation does not hide the kernel.
+(polytile.bench.timing). As in the tuner's profiling process, consecutive calls
+cycle through copies of the inputs (64 MiB in all), so a small kernel does not find
+its operands in cache from the previous call: the evaluation measures what the
+tuner optimized. Memory-bound workloads write into preallocated outputs (`out=`),
+the way the tuner measures them, so allocation does not hide the kernel.
 With both strategies the one that tunes first alternates from workload to workload.
 The table goes to the terminal and to the `tuning` section of benchmarks/RESULTS.md.
 """
@@ -18,6 +21,8 @@ from __future__ import annotations
 import argparse
 import datetime
 import gc
+import itertools
+import math
 import os
 import statistics
 import subprocess
@@ -37,10 +42,14 @@ from polytile.bench.report import format_markdown, format_text, milliseconds, wr
 from polytile.bench.timing import TimingOptions, time_blocks
 from polytile.bench.workload import Arrays, Workload
 from polytile.config import Config, load_config
+from polytile.tune.runner import RunSettings
 
 RESULTS_PATH = Path("benchmarks") / "RESULTS.md"   # relative to the current directory
 STRATEGIES = ("genetic", "random")
 DEFAULT, NUMPY = "default", "numpy"
+ROTATE_BYTES = RunSettings().rotate_bytes     # as the tuner's profiling process
+# One set of a workload's arguments and (for out= calls) its output buffers.
+ArgumentSet = tuple[Arrays, "Arrays | None"]
 # Two strategies' results closer than this are a tie: the tuner's own confirmation
 # margin (TuneSettings.min_gain), and about the run-to-run noise of this host.
 TIE = 0.03
@@ -161,7 +170,9 @@ def tuning_markdown(rows: Sequence[TuningRow], strategies: Sequence[str], *, bud
     out += ["", "### Summary", ""] + [f"- {line}" for line in summary(rows, strategies)]
     out += ["", "### Results", "", format_markdown(*tuning_table(rows, strategies)), "",
             ("Times are same-run medians of the bench's rotated blocks: the untuned default, "
-             "each tuned kernel and NumPy timed together after tuning. Speedup is the "
+             "each tuned kernel and NumPy timed together after tuning, each call on the next "
+             "of several copies of the inputs (64 MiB in all, as the tuner times "
+             "candidates), so caches do not flatter small kernels. Speedup is the "
              "default's time over the tuned kernel's; `vs NumPy` is NumPy's time over "
              "polytile's (above 1: polytile is faster). Candidates are the distinct "
              "candidates the tuner measured. `check` compares every kernel's output with "
@@ -207,13 +218,14 @@ def tune_workload(workload: Workload, settings: Settings, base: Config, log: Log
     args = workload.make_inputs(np.random.default_rng(settings.seed))
     expected = as_tuple(workload.numpy(*args))
     out_variant = workload.memory_bound and workload.numpy_out is not None
+    sets = rotating_sets(args, expected if out_variant else None)
     calls: dict[str, Callable[[], Any]] = {}
     tuned: dict[str, Tuned] = {}
     with tempfile.TemporaryDirectory(prefix="polytile-tune-") as tmp:
         base = replace(base, disable_disk_cache=False, ignore_tuned=False)
         default = _function(workload, replace(base, cache_dir=Path(tmp) / DEFAULT,
                                               ignore_tuned=True))
-        call, status, detail = _checked(default, args, expected, workload, out_variant)
+        call, status, detail = _checked(default, sets, expected, workload)
         if call is not None:
             calls[DEFAULT] = call
         default_status, default_detail = status, detail
@@ -227,7 +239,7 @@ def tune_workload(workload: Workload, settings: Settings, base: Config, log: Log
             except Exception as e:  # noqa: BLE001 - one failed tuning is a FAILED cell
                 tuned[strategy] = Tuned(strategy, "FAILED", error_text(e))
                 continue
-            call, status, detail = _checked(fn, args, expected, workload, out_variant)
+            call, status, detail = _checked(fn, sets, expected, workload)
             if call is not None:
                 calls[strategy] = call
             won = result.best is not None and result.best != result.default
@@ -235,7 +247,7 @@ def tune_workload(workload: Workload, settings: Settings, base: Config, log: Log
                                     dict(result.rejected),
                                     result.best.text() if won and result.best else "",
                                     result.speedup)
-        calls[NUMPY] = _numpy_call(workload, args, expected, out_variant)
+        calls[NUMPY] = _numpy_call(workload, sets)
         log(f"  timing {', '.join(calls)}")
         try:
             seconds = {name: t.median for name, t in time_blocks(calls, settings.timing).items()}
@@ -244,7 +256,7 @@ def tune_workload(workload: Workload, settings: Settings, base: Config, log: Log
             seconds = {}
     tuned = {s: replace(tuned[s], seconds=seconds.get(s)) for s in settings.strategies
              if s in tuned}
-    del args, expected, calls
+    del args, expected, calls, sets
     gc.collect()
     return TuningRow(workload.name, seconds.get(DEFAULT), seconds.get(NUMPY), tuned,
                      default_status, default_detail)
@@ -255,31 +267,48 @@ def _function(workload: Workload, config: Config) -> Any:
     return define(workload.tc, config=config)[workload.function]
 
 
-def _checked(fn: Any, args: Arrays, expected: Arrays, workload: Workload, out_variant: bool
+def rotating_sets(args: Arrays, outputs: Arrays | None) -> list[ArgumentSet]:
+    """`args` (and buffers shaped like `outputs`, for out= calls) and copies of them,
+    ROTATE_BYTES in all (at most 256 sets), to cycle through from call to call."""
+    one = sum(a.nbytes for a in args) + sum(o.nbytes for o in outputs or ())
+    copies = max(1, min(256, math.ceil(ROTATE_BYTES / max(one, 1))))
+
+    def buffers() -> Arrays | None:
+        return None if outputs is None else tuple(np.empty_like(o) for o in outputs)
+    return [(args, buffers())] + [(tuple(a.copy() for a in args), buffers())
+                                  for _ in range(copies - 1)]
+
+
+def _cycle(sets: Sequence[ArgumentSet], call: Callable[[Arrays, Arrays | None], Any]
+           ) -> Callable[[], Any]:
+    """A call that takes the next set each time, starting with the first."""
+    following = itertools.cycle(sets)
+    return lambda: call(*next(following))
+
+
+def _checked(fn: Any, sets: Sequence[ArgumentSet], expected: Arrays, workload: Workload
              ) -> tuple[Callable[[], Any] | None, str, str]:
     """The timed call and the check of its first call (the compile) against NumPy."""
-    # NaN in the buffers, so an element the kernel never writes is caught.
-    buffers = tuple(np.full_like(e, np.nan) for e in expected) if out_variant else None
-
-    def call() -> Any:
-        return fn(*args) if buffers is None else fn(*args, out=buffers)
+    # NaN in the first set's buffers, so an element the kernel never writes is caught.
+    first = sets[0][1]
+    for b in first or ():
+        b.fill(np.nan)
+    call = _cycle(sets, lambda a, out: fn(*a) if out is None else fn(*a, out=out))
     try:
         result = call()
     except Exception as e:  # noqa: BLE001 - a kernel that fails is a FAILED cell
         return None, "FAILED", error_text(e)
-    got = as_tuple(result) if buffers is None else buffers
+    got = as_tuple(result) if first is None else first
     outcome = compare(got, expected, workload.rtol, workload.atol)
     # A wrong kernel is still timed (as the bench does); its row says WRONG.
     return call, outcome.status, outcome.detail
 
 
-def _numpy_call(workload: Workload, args: Arrays, expected: Arrays, out_variant: bool
-                ) -> Callable[[], Any]:
-    if out_variant and workload.numpy_out is not None:
-        numpy_out = workload.numpy_out
-        buffers = tuple(np.empty_like(e) for e in expected)
-        return lambda: numpy_out(*args, out=buffers)
-    return lambda: workload.numpy(*args)
+def _numpy_call(workload: Workload, sets: Sequence[ArgumentSet]) -> Callable[[], Any]:
+    numpy_out = workload.numpy_out
+    if sets[0][1] is not None and numpy_out is not None:
+        return _cycle(sets, lambda a, out: numpy_out(*a, out=out))
+    return _cycle(sets, lambda a, out: workload.numpy(*a))
 
 
 # ------------------------------------------------------------------ the command

@@ -295,7 +295,9 @@ def _schedule_genes(variants: Sequence[Variant], target: Target,
                 for n, extent in kb.loops.items():
                     if extent > 1:
                         add(f"{name}.tile.{n}", tile_sizes(extent))
-                add(f"{name}.order", loop_orders([n for n, e in kb.loops.items() if e > 1]))
+                looped = [n for n, e in kb.loops.items() if e > 1]
+                if len(looped) > 1:
+                    add(f"{name}.order", loop_orders(looped))
             add(f"{name}.parallel", (first.default.parallel, not first.default.parallel))
     if vectorized and len(LANE_DIVISORS) > 1:
         add("lanes", LANE_DIVISORS)
