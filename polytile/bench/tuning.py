@@ -8,11 +8,14 @@ kernel tuned for `--budget` in a tuning database of its own (a fresh cache direc
 per workload and strategy, so no run seeds another and each starts from the
 default); every kernel's first call is checked against NumPy, then the default,
 the tuned kernels and NumPy are timed together with the bench's rotated blocks
-(polytile.bench.timing). As in the tuner's profiling process, consecutive calls
-cycle through copies of the inputs (64 MiB in all), so a small kernel does not find
-its operands in cache from the previous call: the evaluation measures what the
-tuner optimized. Memory-bound workloads write into preallocated outputs (`out=`),
-the way the tuner measures them, so allocation does not hide the kernel.
+(polytile.bench.timing). The evaluation measures what the tuner optimized: as in
+the tuner's profiling process, every kernel writes into preallocated outputs
+(`out=`), and consecutive calls cycle through copies of the inputs and outputs
+(64 MiB in all), so a small kernel does not find its operands in cache from the
+previous call. (This matters: on a 2-core AMD EPYC VM, tmm 128x32x256's default
+kernel, OpenMP over rows, ran 45 µs with the same buffers every call and 80-90 µs
+rotating through 4 MiB of copies, while a serial schedule ran 36-48 µs either way.)
+NumPy gets the same rotation, with `out=` where the workload has it.
 With both strategies the one that tunes first alternates from workload to workload.
 The table goes to the terminal and to the `tuning` section of benchmarks/RESULTS.md.
 """
@@ -48,8 +51,8 @@ RESULTS_PATH = Path("benchmarks") / "RESULTS.md"   # relative to the current dir
 STRATEGIES = ("genetic", "random")
 DEFAULT, NUMPY = "default", "numpy"
 ROTATE_BYTES = RunSettings().rotate_bytes     # as the tuner's profiling process
-# One set of a workload's arguments and (for out= calls) its output buffers.
-ArgumentSet = tuple[Arrays, "Arrays | None"]
+# One set of a workload's arguments and its output buffers.
+ArgumentSet = tuple[Arrays, Arrays]
 # Two strategies' results closer than this are a tie: the tuner's own confirmation
 # margin (TuneSettings.min_gain), and about the run-to-run noise of this host.
 TIE = 0.03
@@ -170,9 +173,10 @@ def tuning_markdown(rows: Sequence[TuningRow], strategies: Sequence[str], *, bud
     out += ["", "### Summary", ""] + [f"- {line}" for line in summary(rows, strategies)]
     out += ["", "### Results", "", format_markdown(*tuning_table(rows, strategies)), "",
             ("Times are same-run medians of the bench's rotated blocks: the untuned default, "
-             "each tuned kernel and NumPy timed together after tuning, each call on the next "
-             "of several copies of the inputs (64 MiB in all, as the tuner times "
-             "candidates), so caches do not flatter small kernels. Speedup is the "
+             "each tuned kernel and NumPy timed together after tuning, as the tuner times "
+             "candidates: each call writes into preallocated outputs and uses the next of "
+             "several copies of inputs and outputs (64 MiB in all), so caches do not flatter "
+             "small kernels. Speedup is the "
              "default's time over the tuned kernel's; `vs NumPy` is NumPy's time over "
              "polytile's (above 1: polytile is faster). Candidates are the distinct "
              "candidates the tuner measured. `check` compares every kernel's output with "
@@ -217,8 +221,7 @@ def tune_workload(workload: Workload, settings: Settings, base: Config, log: Log
     and time the default, the tuned kernels and NumPy together."""
     args = workload.make_inputs(np.random.default_rng(settings.seed))
     expected = as_tuple(workload.numpy(*args))
-    out_variant = workload.memory_bound and workload.numpy_out is not None
-    sets = rotating_sets(args, expected if out_variant else None)
+    sets = rotating_sets(args, expected)
     calls: dict[str, Callable[[], Any]] = {}
     tuned: dict[str, Tuned] = {}
     with tempfile.TemporaryDirectory(prefix="polytile-tune-") as tmp:
@@ -267,19 +270,20 @@ def _function(workload: Workload, config: Config) -> Any:
     return define(workload.tc, config=config)[workload.function]
 
 
-def rotating_sets(args: Arrays, outputs: Arrays | None) -> list[ArgumentSet]:
-    """`args` (and buffers shaped like `outputs`, for out= calls) and copies of them,
-    ROTATE_BYTES in all (at most 256 sets), to cycle through from call to call."""
-    one = sum(a.nbytes for a in args) + sum(o.nbytes for o in outputs or ())
+def rotating_sets(args: Arrays, outputs: Arrays) -> list[ArgumentSet]:
+    """`args` and buffers shaped like `outputs`, and copies of both, ROTATE_BYTES in
+    all (at most 256 sets, as the tuner's profiling process), to cycle through from
+    call to call."""
+    one = sum(a.nbytes for a in args) + sum(o.nbytes for o in outputs)
     copies = max(1, min(256, math.ceil(ROTATE_BYTES / max(one, 1))))
 
-    def buffers() -> Arrays | None:
-        return None if outputs is None else tuple(np.empty_like(o) for o in outputs)
+    def buffers() -> Arrays:
+        return tuple(np.empty_like(o) for o in outputs)
     return [(args, buffers())] + [(tuple(a.copy() for a in args), buffers())
                                   for _ in range(copies - 1)]
 
 
-def _cycle(sets: Sequence[ArgumentSet], call: Callable[[Arrays, Arrays | None], Any]
+def _cycle(sets: Sequence[ArgumentSet], call: Callable[[Arrays, Arrays], Any]
            ) -> Callable[[], Any]:
     """A call that takes the next set each time, starting with the first."""
     following = itertools.cycle(sets)
@@ -291,14 +295,14 @@ def _checked(fn: Any, sets: Sequence[ArgumentSet], expected: Arrays, workload: W
     """The timed call and the check of its first call (the compile) against NumPy."""
     # NaN in the first set's buffers, so an element the kernel never writes is caught.
     first = sets[0][1]
-    for b in first or ():
+    for b in first:
         b.fill(np.nan)
-    call = _cycle(sets, lambda a, out: fn(*a) if out is None else fn(*a, out=out))
+    call = _cycle(sets, lambda a, out: fn(*a, out=out))
     try:
-        result = call()
+        call()
     except Exception as e:  # noqa: BLE001 - a kernel that fails is a FAILED cell
         return None, "FAILED", error_text(e)
-    got = as_tuple(result) if first is None else first
+    got = first
     outcome = compare(got, expected, workload.rtol, workload.atol)
     # A wrong kernel is still timed (as the bench does); its row says WRONG.
     return call, outcome.status, outcome.detail
@@ -306,7 +310,7 @@ def _checked(fn: Any, sets: Sequence[ArgumentSet], expected: Arrays, workload: W
 
 def _numpy_call(workload: Workload, sets: Sequence[ArgumentSet]) -> Callable[[], Any]:
     numpy_out = workload.numpy_out
-    if sets[0][1] is not None and numpy_out is not None:
+    if numpy_out is not None:
         return _cycle(sets, lambda a, out: numpy_out(*a, out=out))
     return _cycle(sets, lambda a, out: workload.numpy(*a))
 
