@@ -228,7 +228,7 @@ def tune_workload(workload: Workload, settings: Settings, base: Config, log: Log
         base = replace(base, disable_disk_cache=False, ignore_tuned=False)
         default = _function(workload, replace(base, cache_dir=Path(tmp) / DEFAULT,
                                               ignore_tuned=True))
-        call, status, detail = _checked(default, sets, expected, workload)
+        call, status, detail = checked_call(default, sets, expected, workload)
         if call is not None:
             calls[DEFAULT] = call
         default_status, default_detail = status, detail
@@ -242,7 +242,7 @@ def tune_workload(workload: Workload, settings: Settings, base: Config, log: Log
             except Exception as e:  # noqa: BLE001 - one failed tuning is a FAILED cell
                 tuned[strategy] = Tuned(strategy, "FAILED", error_text(e))
                 continue
-            call, status, detail = _checked(fn, sets, expected, workload)
+            call, status, detail = checked_call(fn, sets, expected, workload)
             if call is not None:
                 calls[strategy] = call
             won = result.best is not None and result.best != result.default
@@ -290,7 +290,7 @@ def _cycle(sets: Sequence[ArgumentSet], call: Callable[[Arrays, Arrays], Any]
     return lambda: call(*next(following))
 
 
-def _checked(fn: Any, sets: Sequence[ArgumentSet], expected: Arrays, workload: Workload
+def checked_call(fn: Any, sets: Sequence[ArgumentSet], expected: Arrays, workload: Workload
              ) -> tuple[Callable[[], Any] | None, str, str]:
     """The timed call and the check of its first call (the compile) against NumPy."""
     # NaN in the first set's buffers, so an element the kernel never writes is caught.

@@ -13,7 +13,8 @@ choices and at half width); both strategies get the same seeds. Let the search
 strategy propose batches; compile each batch in parallel, profile it one candidate
 at a time, check each candidate's output once against the reference interpreter,
 and record the batch in the tuning database (one transaction per batch, so an
-interrupted run keeps what it measured). Later compilations of the same key pick the best entry up through Compiler(tuned=...).
+interrupted run keeps what it measured). Later compilations of the same key pick
+the best entry up through Compiler(tuned=...).
 """
 from __future__ import annotations
 
