@@ -54,7 +54,9 @@ ROTATE_BYTES = RunSettings().rotate_bytes     # as the tuner's profiling process
 # One set of a workload's arguments and its output buffers.
 ArgumentSet = tuple[Arrays, Arrays]
 # Two strategies' results closer than this are a tie: the tuner's own confirmation
-# margin (TuneSettings.min_gain), and about the run-to-run noise of this host.
+# margin (TuneSettings.min_gain). The timing noise floor can be larger (on a 2-core
+# AMD EPYC VM, identical kernels timed up to 1.18x apart in noisy minutes:
+# benchmarks/identical_copies.py), so read the table beside that measurement.
 TIE = 0.03
 # Issue 4's targets stated as a ratio to NumPy's speed (issue 5: the tuned kernel
 # should reach them on tmm 1024³ and tbmm).
