@@ -25,7 +25,6 @@ import argparse
 import datetime
 import gc
 import itertools
-import math
 import os
 import statistics
 import subprocess
@@ -45,7 +44,7 @@ from polytile.bench.report import format_markdown, format_text, milliseconds, wr
 from polytile.bench.timing import TimingOptions, time_blocks
 from polytile.bench.workload import Arrays, Workload
 from polytile.config import Config, load_config
-from polytile.tune.runner import RunSettings
+from polytile.tune.runner import RunSettings, rotation_copies
 
 RESULTS_PATH = Path("benchmarks") / "RESULTS.md"   # relative to the current directory
 STRATEGIES = ("genetic", "random")
@@ -274,10 +273,9 @@ def _function(workload: Workload, config: Config) -> Any:
 
 def rotating_sets(args: Arrays, outputs: Arrays) -> list[ArgumentSet]:
     """`args` and buffers shaped like `outputs`, and copies of both, ROTATE_BYTES in
-    all (at most 256 sets, as the tuner's profiling process), to cycle through from
-    call to call."""
-    one = sum(a.nbytes for a in args) + sum(o.nbytes for o in outputs)
-    copies = max(1, min(256, math.ceil(ROTATE_BYTES / max(one, 1))))
+    all (as many sets as the tuner's profiling process), to cycle through from call
+    to call."""
+    copies = rotation_copies(sum(a.nbytes for a in args + outputs), ROTATE_BYTES)
 
     def buffers() -> Arrays:
         return tuple(np.empty_like(o) for o in outputs)

@@ -97,9 +97,14 @@ def main() -> None:
         send(out, measure(so_path, n_params, prune_seconds, setup, sets))
 
 
+def rotation_copies(one_set_bytes: int, rotate_bytes: int) -> int:
+    """How many sets of a call's buffers cover `rotate_bytes` (at least 1, at most 256)."""
+    return max(1, min(256, math.ceil(rotate_bytes / max(one_set_bytes, 1))))
+
+
 def _rotating_sets(setup: RunnerSetup) -> list[list[np.ndarray]]:
     one = sum(a.nbytes for a in setup.params + setup.initial)
-    copies = max(1, min(256, math.ceil(setup.settings.rotate_bytes / max(one, 1))))
+    copies = rotation_copies(one, setup.settings.rotate_bytes)
     return [[a.copy() for a in setup.params] + [o.copy() for o in setup.initial]
             for _ in range(copies)]
 

@@ -93,6 +93,11 @@ class KernelBlock:
         return {i.name: i.range for i in self.block.idxs if i.affine is None}
 
     @property
+    def looped(self) -> list[str]:
+        """The loops that iterate (extent above 1), in the block's order."""
+        return [n for n, extent in self.loops.items() if extent > 1]
+
+    @property
     def parallel(self) -> list[str]:
         return [n for n in self.loops if _is_parallel(self.block, n)]
 
@@ -295,9 +300,8 @@ def _schedule_genes(variants: Sequence[Variant], target: Target,
                 for n, extent in kb.loops.items():
                     if extent > 1:
                         add(f"{name}.tile.{n}", tile_sizes(extent))
-                looped = [n for n, e in kb.loops.items() if e > 1]
-                if len(looped) > 1:
-                    add(f"{name}.order", loop_orders(looped))
+                if len(kb.looped) > 1:
+                    add(f"{name}.order", loop_orders(kb.looped))
             add(f"{name}.parallel", (first.default.parallel, not first.default.parallel))
     if vectorized and len(LANE_DIVISORS) > 1:
         add("lanes", LANE_DIVISORS)
@@ -346,8 +350,8 @@ def _gene_values(options: Options, space: Space | None) -> dict[str, Any]:
                 if not kb.member:
                     for n, extent in kb.loops.items():
                         out.setdefault(f"{name}.tile.{n}", extent)
-                    loops = [n for n, e in kb.loops.items() if e > 1]
-                    out[f"{name}.order"] = s.order + tuple(n for n in loops if n not in s.order)
+                    out[f"{name}.order"] = s.order + tuple(n for n in kb.looped
+                                                           if n not in s.order)
     return out
 
 
