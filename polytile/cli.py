@@ -1,7 +1,8 @@
 """The `polytile` command (also `python -m polytile`).
 
     polytile check FILE.tc [--sizes M=128,K=64]
-    polytile show FILE.tc --stage ast|program|ir|c [--sizes ...] [--function NAME]
+    polytile show FILE.tc --stage ast|program|ir|c [--sizes ...] [--function NAME] [--target T]
+    polytile targets
     polytile tune FILE.tc --sizes M=1024,K=1024,N=1024 [--budget 2m] [--strategy genetic|random]
     polytile cache info|clear [--tuning]
     polytile cache export FILE | import FILE
@@ -92,16 +93,14 @@ def cmd_show(args: argparse.Namespace) -> int:
         if args.sizes is None:
             raise PolytileError(f"--stage {args.stage} needs --sizes (code is specialized to "
                                 "the sizes of a call)")
+        from polytile.api import tuned_lookup
         from polytile.compile import Compiler
         from polytile.config import load_config
         from polytile.ir.printer import format_function as format_ir
-        from polytile.targets.target import select_target
-
-        from polytile.api import tuned_lookup
 
         config = load_config()
         # What a call would compile: with the tuned options, if any.
-        compiler = Compiler(config, select_target(args.target or config.target),
+        compiler = Compiler(config, _shown_target(args.target or config.target),
                             tuned=tuned_lookup(config))
         ir = compiler.ir(_specialize(fn, args.sizes))
         if args.stage == "ir":
@@ -110,6 +109,38 @@ def cmd_show(args: argparse.Namespace) -> int:
             from polytile.codegen.c import generate_c
 
             print(generate_c(ir).text)
+    return 0
+
+
+def _shown_target(name: str | None):  # type: ignore[no-untyped-def]
+    """Any target, on any host: printing code needs no hardware. Says so on stderr when
+    this host could not run the code it prints."""
+    from polytile.targets.target import host_features, inspection_target, missing_features
+
+    target = inspection_target(name)
+    missing = missing_features(target, host_features())
+    if missing:
+        print(f"note: this host lacks {', '.join(missing)}: showing {target.name} code for a "
+              f"machine with {', '.join(sorted(target.features)) or 'no optional features'} "
+              "(it cannot run here)", file=sys.stderr)
+    return target
+
+
+def cmd_targets(args: argparse.Namespace) -> int:
+    from polytile.targets.target import host_features, missing_features, shipped_targets
+
+    host = host_features()
+    rows = [("target", "backend", "vector", "requires", "optional", "this host")]
+    for t in shipped_targets():
+        missing = missing_features(t, host)
+        runs = (f"no (lacks {', '.join(missing)})" if missing
+                else "yes" + (f", with {', '.join(sorted(set(t.optional) & host))}"
+                              if set(t.optional) & host else ""))
+        rows.append((t.name, t.backend, f"{t.vector_bytes * 8} bit",
+                     ",".join(t.requires) or "-", ",".join(t.optional) or "-", runs))
+    widths = [max(len(r[k]) for r in rows) for k in range(len(rows[0]) - 1)]
+    for r in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1])
     return 0
 
 
@@ -183,8 +214,12 @@ def main(argv: list[str] | None = None) -> int:
     show.add_argument("--stage", choices=("ast", "program", "ir", "c"), default="program")
     show.add_argument("--sizes", type=_sizes, default=None, help="e.g. M=128,K=64")
     show.add_argument("--function", default=None, help="only this function")
-    show.add_argument("--target", default=None, help="e.g. cpu-avx2 (default: the host's best)")
+    show.add_argument("--target", default=None,
+                      help="e.g. cpu-avx512, any target on any host (default: the host's best)")
     show.set_defaults(run=cmd_show)
+    targets = sub.add_parser("targets", help="list the shipped targets, their backends and "
+                             "features, and whether this host runs them")
+    targets.set_defaults(run=cmd_targets)
     tune = sub.add_parser("tune", help="autotune a TC function for given sizes and keep the "
                           "best options (later calls use them)")
     tune.add_argument("file", help="TC source file, or - for standard input")

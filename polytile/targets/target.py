@@ -1,15 +1,18 @@
 """Targets are data (Stripe §1.3): a JSON file per machine kind, shipped in the package.
 
 A target names the machine's parameters (vector width, registers, caches,
-instruction sets, compiler flags) and the ordered pass pipeline. The host's
-features are read at run time; `select_target` picks the most capable shipped
-target the host supports, unless POLYTILE_TARGET or `target=` names one.
+instruction sets, compiler flags), the backend that prints its code, and the ordered
+pass pipeline. The host's features are read at run time; `select_target` picks the
+most capable shipped target the host supports, unless POLYTILE_TARGET or `target=`
+names one. `inspection_target` gives any target on any host, for printing code
+(Stripe's co-design point: inspect the code for a machine you do not have); only
+running it needs the hardware.
 """
 from __future__ import annotations
 
 import json
 import platform
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from importlib import resources
 from typing import Any
@@ -33,6 +36,7 @@ class Target:
     cflags: tuple[str, ...]
     openmp: bool
     passes: tuple[tuple[str, tuple[tuple[str, Any], ...]], ...]
+    backend: str = "c-x86"    # the backend that prints and builds its code
     features: frozenset[str] = field(default_factory=frozenset)   # host features in use
 
     def has(self, feature: str) -> bool:
@@ -71,7 +75,7 @@ def load_target(name: str) -> Target:
                   tuple(data.get("optional", [])), int(data["vector_bytes"]),
                   int(data["vector_registers"]), _freeze(data["cache_bytes"]),
                   int(data["cache_line_bytes"]), tuple(data["cflags"]), bool(data["openmp"]),
-                  passes)
+                  passes, str(data.get("backend", "c-x86")))
 
 
 @lru_cache(maxsize=1)
@@ -88,25 +92,50 @@ def host_features() -> frozenset[str]:
 
 
 def supports(target: Target, features: frozenset[str]) -> bool:
+    return not missing_features(target, features)
+
+
+def missing_features(target: Target, features: frozenset[str]) -> list[str]:
+    """What a machine with `features` lacks to run `target` (an empty list: it runs it)."""
     if target.requires and platform.machine().lower() not in ("x86_64", "amd64"):
-        return False
-    return all(f in features for f in target.requires)
+        return ["x86-64"]
+    return [f for f in target.requires if f not in features]
+
+
+def shipped_targets() -> tuple[Target, ...]:
+    """Every target shipped with the package, most capable first."""
+    names = sorted(p.name[:-5] for p in resources.files("polytile.targets").iterdir()
+                   if p.name.endswith(".json"))
+    ordered = [n for n in PREFERENCE if n in names] + [n for n in names if n not in PREFERENCE]
+    return tuple(load_target(n) for n in ordered)
+
+
+def inspection_target(name: str | None, features: frozenset[str] | None = None) -> Target:
+    """The target to print code for: like `select_target`, but a named target the host
+    cannot run is still given, as a machine of that kind with every feature the target
+    file declares (required and optional), so its code can be inspected anywhere."""
+    features = host_features() if features is None else features
+    if name:
+        target = load_target(name)
+        if missing_features(target, features):
+            return replace(target, features=frozenset(target.requires + target.optional))
+    return select_target(name, features)
 
 
 def select_target(requested: str | None = None,
                   features: frozenset[str] | None = None) -> Target:
     """The target to compile for: `requested` (from `target=` or $POLYTILE_TARGET via
-    polytile.config), else the best the host supports. A requested target the host cannot run is an error, not a crash later."""
-    from dataclasses import replace
+    polytile.config), else the best the host supports. A requested target the host cannot
+    run is an error, not a crash later (to print its code, use `inspection_target`)."""
     features = host_features() if features is None else features
     name = requested
     if name:
         target = load_target(name)
-        if not supports(target, features):
-            missing = [f for f in target.requires if f not in features]
-            raise ArgumentError(f"target {name} needs {', '.join(missing) or 'x86-64'}, which "
-                                "this machine lacks", hint="use cpu-generic or unset "
-                                "POLYTILE_TARGET")
+        missing = missing_features(target, features)
+        if missing:
+            raise ArgumentError(f"target {name} needs {', '.join(missing)}, which this machine "
+                                "lacks", hint="use cpu-generic or unset POLYTILE_TARGET; "
+                                "`polytile show --target` prints its code on any host")
         return replace(target, features=features)
     for candidate in PREFERENCE:
         target = load_target(candidate)
