@@ -268,16 +268,9 @@ def _array(p: P.Tensor, value: Any) -> np.ndarray:
 def _scalar(p: P.Tensor, value: Any) -> Any:
     if isinstance(value, np.ndarray) and value.ndim == 0:
         value = value[()]
-    if not isinstance(value, (bool, int, float, np.generic)):
-        raise ArgumentError(f"{p.name} must be a {p.dtype} scalar, got "
-                            f"{type(value).__name__}", p.loc)
-    if p.dtype.is_integral and not float(value).is_integer():
-        raise ArgumentError(f"{p.name} must be an integer, got {value}", p.loc)
-    if p.dtype.kind in "iu":
-        info = np.iinfo(p.dtype.numpy)
-        if not info.min <= int(value) <= info.max:
-            raise ArgumentError(f"{p.name} is {p.dtype}, which cannot hold {value}", p.loc,
-                                f"values must lie in {info.min}..{info.max}")
+    problem = dtypes.scalar_problem(p.dtype, value)
+    if problem is not None:
+        raise ArgumentError(f"{p.name} {problem[0]}", p.loc, problem[1])
     return p.dtype.numpy.type(value)
 
 

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from polytile.config import Config
+from polytile.dtypes import scalar_problem
 from polytile.errors import OutOfBoundsError
 from polytile.ir import nodes as N
 from polytile.ir.lower import lower
@@ -134,11 +135,6 @@ class Compiler:
         return CompiledFunction(spec, kernel, built.library.source_path, built.key)
 
 
-def _fits(value: int, dtype: np.dtype) -> bool:
-    info = np.iinfo(dtype)
-    return info.min <= value <= info.max
-
-
 def _signature(spec: Specialized) -> str:
     fn = spec.fn
     parts = [f"{t.dtype}{list(spec.shape(t.name))}" for t in fn.params + fn.outputs]
@@ -175,6 +171,7 @@ class CompiledFunction:
         self.key = key
         params = spec.fn.params
         self._dtypes = tuple(p.dtype.numpy for p in params)
+        self._types = tuple(p.dtype for p in params)
         self._scalar = tuple(p.kind == "scalar" for p in params)
         self._outputs = tuple((spec.shape(o.name), o.dtype.numpy) for o in spec.fn.outputs)
         self._fast_ok = not spec.fn.inout
@@ -219,11 +216,12 @@ class CompiledFunction:
                                for a in args)):
                     return None
         buffers = []
-        for a, dtype, scalar in zip(args, self._dtypes, self._scalar):
+        for a, dtype, scalar, dt in zip(args, self._dtypes, self._scalar, self._types):
             if scalar:
-                if isinstance(a, np.ndarray) or (dtype.kind in "iub" and int(a) != a):
-                    return None
-                if dtype.kind in "iu" and not _fits(int(a), dtype):
+                # A Python float passes as it is (the common case, kept cheap); anything
+                # else is checked, and the checked path raises the error.
+                if (type(a) is not float or dtype.kind != "f") \
+                        and scalar_problem(dt, a) is not None:
                     return None
                 a = np.array(a, dtype=dtype)
             elif type(a) is not np.ndarray or a.dtype != dtype or not a.flags.c_contiguous:

@@ -48,14 +48,19 @@ class Config:
     # (to measure what tuning gained, or to rule it out when debugging).
     ignore_tuned: bool = False
 
+    def __post_init__(self) -> None:
+        # A str or any os.PathLike works; made absolute now, so a later os.chdir
+        # cannot move the cache.
+        path = Path(os.path.abspath(os.path.expanduser(os.fspath(self.cache_dir))))
+        object.__setattr__(self, "cache_dir", path)
+
 
 def load_config(environ: Mapping[str, str] | None = None) -> Config:
     """A Config from `environ` (default: os.environ); unset or empty variables mean default."""
     env = os.environ if environ is None else environ
     cache_dir = env.get("POLYTILE_CACHE_DIR") or platformdirs.user_cache_dir("polytile")
     return Config(
-        # Absolute now, so a later os.chdir cannot move the cache.
-        cache_dir=Path(os.path.abspath(os.path.expanduser(cache_dir))),
+        cache_dir=Path(cache_dir),
         cc=env.get("POLYTILE_CC") or None,
         target=env.get("POLYTILE_TARGET") or None,
         disable_disk_cache=_flag(env, "POLYTILE_NO_DISK_CACHE"),

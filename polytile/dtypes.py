@@ -70,6 +70,33 @@ def from_numpy(dtype: np.dtype) -> DType | None:
     return _BY_NAME.get(dtype.name)
 
 
+# What a scalar parameter accepts, on every call path: Python and NumPy real numbers and
+# booleans. Not complex numbers, strings, bytes, None, sequences or other objects, which
+# NumPy would turn into something (an empty array, NaN, a parsed string) without a word.
+SCALAR_TYPES = (bool, int, float, np.bool_, np.integer, np.floating, type(ml_dtypes.bfloat16(0)))
+
+
+def scalar_problem(dtype: DType, value: object) -> tuple[str, str | None] | None:
+    """Why `value` cannot be passed as a scalar of `dtype`, as (what is wrong, hint), or
+    None when it can. The caller names the parameter."""
+    if not isinstance(value, SCALAR_TYPES):
+        return (f"must be a {dtype} scalar, got {type(value).__name__}",
+                "pass a Python int, float or bool, or a NumPy scalar")
+    try:
+        number = float(value)
+    except OverflowError:
+        return f"cannot hold {value} (it is beyond every float)", None
+    if dtype.is_integral:
+        if not number.is_integer():
+            return f"must be an integer, got {value}", None
+        if dtype.kind in "iu":
+            info = np.iinfo(dtype.numpy)
+            if not info.min <= int(value) <= info.max:
+                return (f"is {dtype}, which cannot hold {value}",
+                        f"values must lie in {info.min}..{info.max}")
+    return None
+
+
 def promote(a: DType, b: DType) -> DType:
     """Result type of a binary arithmetic operation: int -> float, the wider wins.
 

@@ -44,3 +44,16 @@ def test_bad_flag_is_a_clear_error() -> None:
 def test_reads_os_environ_only_when_called(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("POLYTILE_TARGET", "cpu-generic")
     assert load_config().target == "cpu-generic"
+
+
+def test_cache_dir_may_be_any_path_like(tmp_path: Path) -> None:
+    """Config(cache_dir="...") with a str crashed in the first compile (AttributeError)."""
+    import numpy as np
+
+    import polytile as pt
+
+    config = Config(cache_dir=str(tmp_path / "c"))
+    assert config.cache_dir == tmp_path / "c"
+    assert Config(cache_dir="relative").cache_dir.is_absolute()
+    mod = pt.define("def f(float(N) A) -> (B) { B(i) = A(i) + 1 }", config=config)
+    np.testing.assert_array_equal(mod.f(np.arange(3, dtype=np.float32)), [1, 2, 3])
