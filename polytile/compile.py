@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import warnings
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -21,7 +22,7 @@ import numpy as np
 
 from polytile.config import Config
 from polytile.dtypes import scalar_problem
-from polytile.errors import OutOfBoundsError
+from polytile.errors import OutOfBoundsError, PolytileError, TuningEntryWarning
 from polytile.ir import nodes as N
 from polytile.ir.lower import lower
 from polytile.ir.printer import format_function
@@ -92,19 +93,29 @@ class Compiler:
         return run_pipeline(fn, self.target, self.options if options is None else options)
 
     def ir(self, spec: Specialized) -> N.Function:
-        lowered = lower(canonical(spec))
-        return self.optimize(lowered, self.pass_options(spec, lowered))
+        return self.optimized(spec, lower(canonical(spec)))[0]
 
     def tuning_key(self, spec: Specialized, lowered: N.Function | None = None) -> TuningKey:
         lowered = lowered if lowered is not None else lower(canonical(spec))
         return TuningKey(sha256_text(format_function(lowered)), _signature(spec),
                          self.target.identity, kernel_cache(self.config).toolchain.identity)
 
-    def pass_options(self, spec: Specialized, lowered: N.Function) -> dict[str, Any]:
-        """The caller's options, else the tuned ones, else none (the heuristics)."""
+    def optimized(self, spec: Specialized, lowered: N.Function
+                  ) -> tuple[N.Function, dict[str, Any]]:
+        """The optimized IR and the options it was made with: the caller's (an error in
+        them is raised), else the tuned ones, else none (the heuristics). A stored entry
+        that cannot be applied is reported once, as a TuningEntryWarning, and the
+        heuristics are used: one bad row must not break every call of its shapes."""
         if self.options or self.tuned is None:
-            return self.options
-        return self.tuned(self.tuning_key(spec, lowered)) or {}
+            return self.optimize(lowered, self.options), self.options
+        key = self.tuning_key(spec, lowered)
+        tuned = self.tuned(key) or {}
+        if tuned:
+            try:
+                return self.optimize(lowered, tuned), tuned
+            except PolytileError as e:
+                _warn_unusable_entry(key, tuned, e, spec.fn.name)
+        return self.optimize(lowered, {}), {}
 
     def flags(self) -> tuple[str, ...]:
         toolchain = kernel_cache(self.config).toolchain
@@ -118,9 +129,7 @@ class Compiler:
         """Optimize, then find or build the shared object (generating C only on a miss)."""
         from polytile.codegen.c import COptions, generate_c
         cache = kernel_cache(self.config)
-        lowered = lower(canonical(spec))
-        options = self.pass_options(spec, lowered)
-        fn = self.optimize(lowered, options)
+        fn, options = self.optimized(spec, lower(canonical(spec)))
         text = format_function(fn)
         key = CacheKey(program=sha256_text(text), signature=_signature(spec),
                        target=self.target.identity, options=_options_text(options),
@@ -133,6 +142,22 @@ class Compiler:
         built = self.build(spec)
         kernel = Kernel(built.library.so_path, len(built.fn.params))
         return CompiledFunction(spec, kernel, built.library.source_path, built.key)
+
+
+_WARNED: set[tuple[str, str]] = set()     # (key, entry) reported unusable in this process
+
+
+def _warn_unusable_entry(key: TuningKey, options: dict[str, Any], error: PolytileError,
+                         function: str) -> None:
+    seen = (key.digest(), _options_text(options))
+    if seen in _WARNED:
+        return
+    _WARNED.add(seen)
+    warnings.warn(TuningEntryWarning(
+        f"the tuning database's entry for {function} at {key.signature} ({key.target}) "
+        "cannot be applied, "
+        f"so the heuristics are used: {error.message}. Replace it by tuning again, or remove "
+        "every entry with `polytile cache clear --tuning`"), stacklevel=4)
 
 
 def _signature(spec: Specialized) -> str:

@@ -141,3 +141,12 @@ class UnsupportedError(PolytileError, NotImplementedError):
     """A construct polytile parses but does not implement yet; the message says which."""
 
     phase = "not supported"
+
+
+class PolytileWarning(UserWarning):
+    """Base of the warnings polytile gives: something was wrong, and polytile went on
+    with a safe choice (the message says which, and how to make it go away)."""
+
+
+class TuningEntryWarning(PolytileWarning):
+    """A stored tuning entry could not be applied; the heuristics were used instead."""

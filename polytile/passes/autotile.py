@@ -27,8 +27,9 @@ from typing import Any
 
 from polytile.analysis.deps import scalar_indices
 from polytile.ir import nodes as N
-from polytile.passes.pipeline import PASSES
-from polytile.passes.schedule import Schedule, apply_schedule, _is_parallel
+from polytile.passes.pipeline import register
+from polytile.errors import ArgumentError
+from polytile.passes.schedule import Schedule, _is_parallel, apply_schedule, check_schedule
 from polytile.targets.target import Target
 
 VECTOR_DTYPES = ("float32", "float64", "int32", "int64")
@@ -241,6 +242,15 @@ def autotile(fn: N.Function, target: Target, params: dict[str, Any]) -> N.Functi
     kernel block; members of a fused block are vectorized in place and the fused row
     loop runs in parallel."""
     given: dict[str, Schedule] = params.get("schedules", {})
+    kernels = [k for s in fn.body.stmts for k in _kernel_blocks(s)]
+    unknown = sorted(set(given) - {k.name for k in kernels})
+    if unknown:
+        raise ArgumentError(f"schedules name blocks {unknown} that this program does not have",
+                            hint=f"its kernel blocks are {', '.join(k.name for k in kernels)} "
+                                 "(see `polytile show --stage ir`)")
+    for k in kernels:
+        if k.name in given:
+            check_schedule(k, given[k.name], target)
     stmts = []
     for s in fn.body.stmts:
         if _is_leaf_kernel(s):
@@ -250,6 +260,23 @@ def autotile(fn: N.Function, target: Target, params: dict[str, Any]) -> N.Functi
             s = _schedule_fused(s, target, given)
         stmts.append(s)
     return replace(fn, body=replace(fn.body, stmts=tuple(stmts)))
+
+
+def _kernel_blocks(s: N.Statement) -> list[N.Block]:
+    """The blocks autotile schedules: leaf kernels, at top level or in a fused block."""
+    if _is_leaf_kernel(s):
+        return [s]  # type: ignore[list-item]
+    if isinstance(s, N.Block) and "fused" in s.tags:
+        return [m for m in s.stmts if _is_leaf_kernel(m)]  # type: ignore[misc]
+    return []
+
+
+def _schedules(value: Any) -> str | None:
+    """The check of autotile.schedules: block name -> Schedule."""
+    if not isinstance(value, dict) or not all(
+            isinstance(k, str) and isinstance(v, Schedule) for k, v in value.items()):
+        return f"must map block names to schedules, got {value!r}"
+    return None
 
 
 def _schedule_fused(block: N.Block, target: Target, given: dict[str, Schedule]) -> N.Block:
@@ -269,4 +296,4 @@ def _schedule_fused(block: N.Block, target: Target, given: dict[str, Schedule]) 
     return replace(block, stmts=tuple(members), tags=frozenset(tags))
 
 
-PASSES["autotile"] = autotile
+register("autotile", autotile, schedules=_schedules)

@@ -31,7 +31,7 @@ import islpy as isl
 
 from polytile.errors import ArgumentError
 from polytile.ir import nodes as N
-from polytile.passes.pipeline import PASSES
+from polytile.passes.pipeline import one_of, register
 from polytile.targets.target import Target
 
 ROW = "r"
@@ -237,4 +237,4 @@ def _shrink(block: N.Block, buffer: str, dim: int, top: N.Refinement) -> N.Block
     return replace(block, refs=refs, stmts=tuple(members))
 
 
-PASSES["fuse"] = fuse
+register("fuse", fuse, strategy=one_of(*STRATEGIES))

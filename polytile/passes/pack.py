@@ -26,7 +26,7 @@ from typing import Any
 
 from polytile.ir import nodes as N
 from polytile.ir.lower import contiguous
-from polytile.passes.pipeline import PASSES
+from polytile.passes.pipeline import count, flag, register
 from polytile.passes.schedule import _is_parallel, panel_index
 from polytile.passes.tile import substitute_local
 from polytile.targets.target import Target
@@ -203,4 +203,4 @@ def split_index(block: N.Block, name: str, width: int) -> N.Block:
                    stmts=substitute_local(block.stmts, {name: value}))
 
 
-PASSES["pack"] = pack
+register("pack", pack, enabled=flag, min_reuse=count, max_reduction=count)

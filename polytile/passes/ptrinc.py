@@ -52,7 +52,7 @@ from polytile import dtypes
 from polytile.analysis.deps import scalar_indices
 from polytile.ir import nodes as N
 from polytile.passes.autotile import vector_candidates
-from polytile.passes.pipeline import PASSES
+from polytile.passes.pipeline import count, flag, register
 from polytile.targets.target import Target
 
 MAX_CORNER_INDICES = 4     # 2**4 corners per reduction step at most
@@ -565,4 +565,4 @@ def ptrinc(fn: N.Function, target: Target, params: dict[str, Any]) -> N.Function
     return fn if body is fn.body else replace(fn, body=body)
 
 
-PASSES["ptrinc"] = ptrinc
+register("ptrinc", ptrinc, enabled=flag, min_indices=count, max_table_bytes=count)

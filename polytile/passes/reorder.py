@@ -20,7 +20,7 @@ from dataclasses import replace
 from typing import Any
 
 from polytile.ir import nodes as N
-from polytile.passes.pipeline import PASSES
+from polytile.passes.pipeline import flag, register
 from polytile.passes.schedule import _is_parallel
 from polytile.targets.target import Target
 
@@ -71,4 +71,4 @@ def reorder(fn: N.Function, target: Target, params: dict[str, Any]) -> N.Functio
     return replace(fn, body=_walk(fn.body))
 
 
-PASSES["reorder"] = reorder
+register("reorder", reorder, enabled=flag)

@@ -10,10 +10,19 @@ replaces it. `apply_schedule` rewrites the block accordingly:
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
+from polytile.errors import ArgumentError
 from polytile.ir import nodes as N
 from polytile.passes.tile import tile
+from polytile.targets.target import Target
+
+# Bounds on what a schedule may ask for, beyond which code size explodes (they are far
+# above what the heuristics and the tuner's space use: 8 per index, 4 vectors).
+MAX_UNROLL = 64           # register tile factor of one index
+MAX_VECTORS = 16          # vectors per register tile along the vector index
+MAX_REGISTER_TILE = 256   # copies of the body in one micro-kernel (unroll product x vectors)
 
 
 @dataclass(frozen=True)
@@ -34,6 +43,55 @@ class Schedule:
         order = f" order={','.join(self.order)}" if self.order else ""
         return (f"vec={self.vector}x{self.lanes}x{self.vectors} unroll={unroll} "
                 f"tiles={tiles} parallel={int(self.parallel)}{order}")
+
+
+def full_lanes(block: N.Block, target: Target) -> int:
+    """Lanes of one of the target's vectors of the block's output element type."""
+    out = next((r for r in block.refs if r.dir in ("out", "inout")), None)
+    bits = out.shape.dtype.bits if out is not None else 32
+    return max(1, target.vector_bytes // max(1, bits // 8))
+
+
+def check_schedule(block: N.Block, schedule: Schedule, target: Target) -> None:
+    """Refuse a schedule (from the tuner, the tuning database or a caller) that names
+    indices the block does not have or asks for more than the target's hardware: a
+    vector wider than the target's registers would be written past its output."""
+    where = f"schedule of block {block.name}"
+    check_schedule_values(schedule, full_lanes(block, target), target.name, where)
+    loops = [i.name for i in block.idxs if i.affine is None]
+    named = [("vector index", schedule.vector)] if schedule.vector is not None else []
+    named += [("unrolled index", n) for n, _ in schedule.unroll]
+    named += [("tiled index", n) for n, _ in schedule.tiles]
+    for what, name in named:
+        if name not in loops:
+            raise ArgumentError(f"{where}: {what} {name!r} is not an index of the block",
+                                hint=f"its indices are {', '.join(loops) or 'none'}")
+
+
+def check_schedule_values(schedule: Schedule, widest: int, target: str, where: str) -> None:
+    """The checks of a schedule that need no program: lanes a power of two up to
+    `widest`, and factors and sizes within bounds."""
+    lanes = schedule.lanes
+    if not isinstance(lanes, int) or lanes < 1 or lanes & (lanes - 1) or lanes > widest:
+        raise ArgumentError(f"{where}: lanes {lanes!r} is not possible on target {target}",
+                            hint=f"use a power of two up to {widest}")
+    if not 1 <= schedule.vectors <= MAX_VECTORS:
+        raise ArgumentError(f"{where}: vectors {schedule.vectors} is outside 1..{MAX_VECTORS}")
+    for name, factor in schedule.unroll:
+        if not 1 <= factor <= MAX_UNROLL:
+            raise ArgumentError(f"{where}: unroll factor {factor} of {name} is outside "
+                                f"1..{MAX_UNROLL}")
+    copies = math.prod(f for _, f in schedule.unroll) * schedule.vectors
+    if copies > MAX_REGISTER_TILE:
+        raise ArgumentError(f"{where}: a register tile of {copies} copies of the body is "
+                            f"more than {MAX_REGISTER_TILE}", hint="unroll less")
+    for name, size in schedule.tiles:
+        if size < 1:
+            raise ArgumentError(f"{where}: tile size {size} of {name} is not positive")
+    tiled = [name for name, _ in schedule.tiles]
+    if len(set(schedule.order)) != len(schedule.order) or not set(schedule.order) <= set(tiled):
+        raise ArgumentError(f"{where}: order {list(schedule.order)} must name tiled indices "
+                            f"once each", hint=f"the tiled indices are {', '.join(tiled)}")
 
 
 def apply_schedule(block: N.Block, schedule: Schedule, parent: N.Block) -> N.Block:

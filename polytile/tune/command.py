@@ -113,6 +113,8 @@ def run_cache(args: argparse.Namespace) -> int:
 def _inject(args: argparse.Namespace, config: Any, db: Any) -> int:
     from polytile.api import define
     from polytile.cli import _read, _specialize
+    from polytile.ir.lower import lower
+    from polytile.sema.canonical import canonical
     from polytile.tune.options import Options
     from polytile.tune.tuner import program_family
 
@@ -131,7 +133,11 @@ def _inject(args: argparse.Namespace, config: Any, db: Any) -> int:
     assert compiler is not None
     spec = _specialize(fn, args.sizes or {})
     _check_blocks(options, compiler, spec)
-    key = compiler.tuning_key(spec)
+    options.check(compiler.target)
+    # Applied once now, so an entry later calls could not apply is refused here.
+    lowered = lower(canonical(spec))
+    compiler.optimize(lowered, options.pass_options())
+    key = compiler.tuning_key(spec, lowered)
     db.inject(key, options, fn.name, program_family(spec))
     print(f"injected options for {fn.name} ({key.signature}) into {db.path}:\n"
           f"  {options.text()}")

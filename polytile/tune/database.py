@@ -45,6 +45,7 @@ from polytile.compile import TuningKey
 from polytile.config import Config
 from polytile.errors import ArgumentError, PolytileError
 from polytile.runtime.files import ensure_private_dir
+from polytile.targets.target import load_target
 from polytile.tune.options import Options
 
 log = logging.getLogger(__name__)
@@ -428,6 +429,15 @@ def _validate_export(data: Any) -> tuple[list[dict[str, Any]], list[dict[str, An
         if not isinstance(item, dict) or "key" not in item or "options" not in item:
             raise ArgumentError(f"tuning export entry without key or options: {item!r:.200}")
         Options.from_json(item["options"])
+    for item in best:       # what later calls will apply: checked against its target
+        key = _key_from_json(item["key"])
+        try:
+            Options.from_json(item["options"]).check(load_target(key.target.split("[")[0]))
+        except ArgumentError as e:
+            raise ArgumentError(f"tuning export entry for {item.get('function', '?')} at "
+                                f"{key.signature} ({key.target}) cannot be used: {e.message}",
+                                hint="nothing was imported; remove the entry or export again "
+                                     "from a polytile that made it") from None
     for item in rows:
         if item.get("status") not in STATUSES or "options_text" not in item:
             raise ArgumentError(f"tuning export measurement is malformed: {item!r:.200}")

@@ -18,8 +18,11 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from polytile import dtypes
 from polytile.errors import ArgumentError
-from polytile.passes.schedule import Schedule
+from polytile.passes.pipeline import check_pass_options
+from polytile.passes.schedule import Schedule, check_schedule_values
+from polytile.targets.target import Target
 
 FORMAT = 1
 _SCHEDULE_FIELDS = ("vector", "lanes", "unroll", "vectors", "tiles", "parallel", "order")
@@ -43,6 +46,18 @@ class Options:
         if self.schedules:
             out["autotile.schedules"] = dict(self.schedules)
         return out
+
+    def check(self, target: Target) -> None:
+        """Refuse options that no program could use on `target` (unknown passes or
+        parameters, values out of range, vectors wider than its registers). What
+        depends on the program (block and index names, each block's element type) is
+        checked when the options are applied (polytile.passes.autotile)."""
+        check_pass_options(dict(self.passes), target)
+        from polytile.passes.autotile import VECTOR_DTYPES
+        smallest = min(dtypes.lookup(name).bits for name in VECTOR_DTYPES)  # type: ignore[union-attr]
+        widest = max(1, target.vector_bytes * 8 // smallest)
+        for name, s in self.schedules:
+            check_schedule_values(s, widest, target.name, f"schedule of block {name}")
 
     def text(self) -> str:
         """Canonical one-line text: equal values, equal text."""

@@ -51,7 +51,7 @@ from typing import Any
 
 from polytile.ir import nodes as N
 from polytile.passes.autotile import VECTOR_DTYPES, choose_schedule, vector_candidates
-from polytile.passes.schedule import Schedule, _is_parallel
+from polytile.passes.schedule import Schedule, _is_parallel, full_lanes
 from polytile.targets.target import Target
 from polytile.tune.options import Options
 
@@ -110,9 +110,7 @@ class KernelBlock:
         return vector_candidates(self.block)
 
     def lanes(self, target: Target) -> int:
-        out = next((r for r in self.block.refs if r.dir in ("out", "inout")), None)
-        bits = out.shape.dtype.bits if out is not None else 32
-        return max(1, target.vector_bytes // max(1, bits // 8))
+        return full_lanes(self.block, target)
 
 
 @dataclass(frozen=True)
