@@ -7,7 +7,7 @@
     polytile cache info|clear [--tuning]
     polytile cache export FILE | import FILE
     polytile cache inject FILE.tc --sizes ... --options JSON|@FILE [--function NAME]
-    polytile bench [--quick] [--only NAME[,NAME]] [--latency] [--no-write] [--repeats N]
+    polytile bench [--quick] [--only NAME[,NAME]] [--latency] [--write [FILE]] [--repeats N]
                    [--no-compile]
 """
 from __future__ import annotations
@@ -173,8 +173,11 @@ def _add_bench_arguments(parser: argparse.ArgumentParser) -> None:
                              "'tmm 128x32x256'); with --latency, these examples")
     parser.add_argument("--latency", action="store_true",
                         help="measure first-call, cached-call and dispatch latency instead")
-    parser.add_argument("--no-write", action="store_true",
-                        help="print only; do not write benchmarks/RESULTS.md")
+    parser.add_argument("--write", nargs="?", const="benchmarks/RESULTS.md", default=None,
+                        metavar="FILE",
+                        help="also write the tables into FILE (default benchmarks/RESULTS.md,"
+                             " the project's record of runs), replacing only this kind of "
+                             "run's section; without it, bench only prints")
     parser.add_argument("--repeats", type=_positive, default=None, metavar="N",
                         help="timing rounds per workload (default 5, quick 3); with "
                              "--latency, processes per example (default 3, quick 1)")
@@ -255,8 +258,8 @@ def main(argv: list[str] | None = None) -> int:
     inject.add_argument("--function", default=None, help="the function, if the file has more")
     inject.add_argument("--target", default=None, help="e.g. cpu-avx2 (default: the host's best)")
     cache.set_defaults(run=cmd_cache)
-    bench = sub.add_parser("bench", help="benchmark against NumPy and PyTorch; writes "
-                           "benchmarks/RESULTS.md")
+    bench = sub.add_parser("bench", help="benchmark against NumPy and PyTorch and print the "
+                           "tables (--write records them in benchmarks/RESULTS.md)")
     _add_bench_arguments(bench)
     bench.set_defaults(run=cmd_bench)
     args = parser.parse_args(argv)

@@ -1,14 +1,15 @@
 """`polytile bench`: the command's flow, from arguments to the table and RESULTS.md.
 
-    polytile bench [--quick] [--only NAME[,NAME]] [--latency] [--no-write] [--repeats N]
+    polytile bench [--quick] [--only NAME[,NAME]] [--latency] [--write [FILE]] [--repeats N]
                    [--no-compile]
 
 (the arguments are declared in polytile.cli, so that parsing imports no bench code).
 
 Throughput (default): machine facts, the measured peak, then every workload checked
 against NumPy and timed against NumPy, PyTorch eager and torch.compile (unless
---no-compile; each compile time is printed as it happens), one table, written to
-benchmarks/RESULTS.md (relative to the current directory). --latency instead measures
+--no-compile; each compile time is printed as it happens), one table, printed; with
+--write [FILE] also written into FILE (default benchmarks/RESULTS.md, relative to the
+current directory: the project's record of runs), so a plain run leaves a clone clean. --latency instead measures
 first-call, cached-call and dispatch latency. The exit status is 1 when polytile gives a
 WRONG result anywhere; a workload polytile cannot compile is FAILED in the table.
 
@@ -29,8 +30,6 @@ from pathlib import Path
 
 from polytile.bench.machine import BLAS_ENV_VARS, load_average, machine_facts
 from polytile.bench.timing import TimingOptions
-
-RESULTS_PATH = Path("benchmarks") / "RESULTS.md"   # relative to the current directory
 
 
 def run(args: argparse.Namespace) -> int:
@@ -103,7 +102,7 @@ def _throughput(args: argparse.Namespace, facts: dict[str, str], command: str,
     banner = wrong_banner(rows)
     if banner:
         print("\n" + banner, file=sys.stderr)
-    if not args.no_write:
+    if args.write:
         title = "Throughput" + (" (quick smoke run, small sizes)" if args.quick else "") + (
             f" (only {', '.join(args.only)})" if args.only else "")
         notes = [f"{args.blas_env_removed} unset for this run (NumPy's BLAS reads them at import)"
@@ -112,10 +111,10 @@ def _throughput(args: argparse.Namespace, facts: dict[str, str], command: str,
             notes.append(f"polytile backend: {args.backend}")
         if busy:
             notes.append(f"warning: {busy}")
-        write_section(RESULTS_PATH, _section("throughput", args),
+        write_section(Path(args.write), _section("throughput", args),
                       throughput_markdown(rows, peak, peak_error, facts, command, date, title,
                                           notes))
-        print(f"\nwrote {RESULTS_PATH}")
+        print(f"\nwrote {args.write}")
     return 1 if banner else 0
 
 
@@ -146,12 +145,12 @@ def _latency(args: argparse.Namespace, facts: dict[str, str], command: str, date
     print()
     print(format_text(*dispatch_table(dispatch)) if not dispatch.error
           else f"dispatch overhead: FAILED: {dispatch.error}")
-    if not args.no_write:
-        write_section(RESULTS_PATH, _section("latency", args),
+    if args.write:
+        write_section(Path(args.write), _section("latency", args),
                       latency_markdown(rows, dispatch, facts, command, date,
                                        "Latency" + (" (quick: one process per example)"
                                                     if args.quick and not args.repeats else "")))
-        print(f"\nwrote {RESULTS_PATH}")
+        print(f"\nwrote {args.write}")
     return 0
 
 
@@ -191,8 +190,8 @@ def _argv(args: argparse.Namespace) -> list[str]:
         argv.append("--only=" + ",".join(args.only))
     if args.latency:
         argv.append("--latency")
-    if args.no_write:
-        argv.append("--no-write")
+    if args.write:
+        argv.append(f"--write={args.write}")
     if args.repeats is not None:
         argv.append(f"--repeats={args.repeats}")
     if args.no_compile:

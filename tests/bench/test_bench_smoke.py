@@ -253,7 +253,7 @@ def test_write_section_replaces_only_its_own_section(tmp_path: Path) -> None:
     assert text.index("## three") < text.index("## two")
 
 
-def test_cli_bench_writes_results(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+def test_cli_bench_prints_and_writes_results_only_when_asked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                   capsys: pytest.CaptureFixture[str]) -> None:
     from polytile import cli
     from polytile.bench import harness, peak
@@ -264,12 +264,17 @@ def test_cli_bench_writes_results(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     monkeypatch.setattr(harness, "run_workload",
                         lambda w, **kw: fast_run(w, **{**kw, "options": FAST,
                                                        "sleep": _no_sleep}))
-    status = cli.main(["bench", "--quick", "--only", "tmm,layernorm", "--backend", "interp"])
-    assert status == 0
+    bench = ["bench", "--quick", "--only", "tmm,layernorm", "--backend", "interp"]
+    assert cli.main(bench) == 0
     out = capsys.readouterr().out
     assert "polytile ms" in out and "torch.compile ms" in out and "layernorm 33x67 out=" in out
+    # Without --write nothing is written: a new user's first run leaves the clone clean.
+    assert list(tmp_path.iterdir()) == []
+    assert cli.main([*bench, "--write"]) == 0
+    assert "wrote benchmarks/RESULTS.md" in capsys.readouterr().out
     results = (tmp_path / "benchmarks" / "RESULTS.md").read_text()
-    assert "polytile bench --quick --only=tmm,layernorm --backend=interp" in results
+    assert ("polytile bench --quick --only=tmm,layernorm --write=benchmarks/RESULTS.md "
+            "--backend=interp") in results
     assert "### Measured peak" in results and "### Spread" in results
     assert "polytile-bench:throughput-quick-partial:begin" in results
 
