@@ -114,9 +114,11 @@ class TCFunction:
     def name(self) -> str:
         return self.fn.name
 
-    def __call__(self, *args: Any, out: Any = None, tune: Any = False) -> Any:
+    def __call__(self, *args: Any, out: Any = None, tune: Any = False, **unknown: Any) -> Any:
         """Run on NumPy arrays. `tune=True` (or a budget like "30s", or a dict of
         settings for polytile.tune) tunes for these shapes first."""
+        if unknown:
+            raise self._unknown_keywords(unknown)
         if tune is not False and tune is not None:
             settings = ({} if tune is True else dict(tune) if isinstance(tune, dict)
                         else {"budget": tune})
@@ -150,6 +152,13 @@ class TCFunction:
             else:
                 results.append(outputs[o.name])
         return results[0] if len(results) == 1 else tuple(results)
+
+    def _unknown_keywords(self, unknown: dict[str, Any]) -> ArgumentError:
+        params = ", ".join(p.name for p in self.fn.params)
+        return ArgumentError(f"{self.name} got unknown keyword argument(s) "
+                             f"{', '.join(sorted(unknown))}", self.fn.loc,
+                             f"pass its parameters ({params}) by position; the keywords are "
+                             "out= and tune=")
 
     def tune(self, *args: Any, out: Any = None, **settings: Any) -> "TuneResult":
         """Autotune this function for the shapes of `args` and store the best options;

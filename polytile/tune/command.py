@@ -40,7 +40,7 @@ def run_tune(args: argparse.Namespace) -> int:
         result = module[fn.name].tune(*arguments, **settings)
         results.append(result)
         print(f"{fn.name}: best options")
-        print(f"  {result.best.text() if result.best else '(no candidate ran correctly)'}")
+        print(f"  {result.best.text() if result.best else no_best(result, args.budget)}")
         if result.best:
             print(f"  json: {result.best.dumps()}")
     print()
@@ -48,6 +48,14 @@ def run_tune(args: argparse.Namespace) -> int:
         lines = result.table().splitlines()
         print("\n".join(lines if k == 0 else lines[1:]))
     return 0 if all(r.best for r in results) else 1
+
+
+def no_best(result: Any, budget: str) -> str:
+    """Why a tuning run has no best options: nothing was measured, or all failed."""
+    if result.candidates == 0:
+        return (f"(the budget of {budget} ended before any candidate was measured: give it "
+                "more time, e.g. --budget 1m)")
+    return f"(no candidate ran correctly: {result.candidates} measured, none passed the check)"
 
 
 def random_arguments(fn: Any, sizes: dict[str, int], rng: np.random.Generator) -> list[Any]:

@@ -79,3 +79,10 @@ def test_fast_path_agrees_with_the_checked_path(value: Any, module: pt.Module) -
             np.testing.assert_allclose(fast[1], checked[1], rtol=1e-6)
         else:
             assert fast == checked, (name, value)
+
+
+def test_unknown_keyword_is_an_argument_error_listing_the_parameters(module: pt.Module) -> None:
+    for fn in (module.fs, pt.define(SOURCE, backend="interp").fs):
+        with pytest.raises(ArgumentError, match="unknown keyword argument.*bogus") as info:
+            fn(0.5, V, bogus=1)
+        assert "(a, A)" in info.value.render() and "out= and tune=" in info.value.render()

@@ -57,3 +57,14 @@ def test_tune_command_prints_options_and_table(tc_file: Path,
     options = json.loads(out.split("json: ")[1].splitlines()[0])
     (entry,) = TuningDatabase.of(load_config()).entries()
     assert entry.options.to_json() == options
+
+
+def test_a_run_without_best_options_says_why() -> None:
+    """Issue 11: a budget that ended before anything was measured printed "(no candidate
+    ran correctly)", which blamed candidates that never ran."""
+    from types import SimpleNamespace
+
+    from polytile.tune.command import no_best
+    text = no_best(SimpleNamespace(candidates=0), "4s")
+    assert "budget of 4s ended before any candidate was measured" in text
+    assert "no candidate ran correctly: 5 measured" in no_best(SimpleNamespace(candidates=5), "1m")
