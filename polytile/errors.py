@@ -131,6 +131,13 @@ class BuildError(PolytileError):
         super().__init__(message, None, hint)
 
 
+class CacheError(PolytileError):
+    """A file of the cache directory is not what polytile keeps there, and it cannot
+    safely be replaced; the message names the path to delete."""
+
+    phase = "cache error"
+
+
 class KernelError(PolytileError):
     """A compiled kernel reported a failure at run time (e.g. a gather index out of range)."""
 

@@ -152,18 +152,22 @@ class KernelCache:
         layout = _Layout.open(self.config.cache_dir)
         digest = key.digest()
         entry = layout.kernels / digest
-        if entry.is_dir():
+        if _is_entry_dir(entry):
             try:
                 return _load_entry(entry, key)
             except (_InvalidEntry, OSError):
                 pass  # decided again below, under the lock
         with exclusive_lock(layout.lock(digest)):
-            if entry.is_dir():
+            if _is_entry_dir(entry):
                 try:
                     return _load_entry(entry, key)
                 except (_InvalidEntry, OSError) as e:
                     log.warning("polytile: discarding cache entry %s: %s", entry, e)
                     _discard(entry, layout.tmp)
+            elif os.path.lexists(entry):
+                # A file, or a symlink (dangling or not): polytile makes neither there.
+                log.warning("polytile: discarding %s: not a cache entry directory", entry)
+                _discard(entry, layout.tmp)
             else:
                 log.debug("compilation cache miss %s: %s", digest, key.parts())
             _remove_stale_builds(layout.tmp, digest)
@@ -230,6 +234,12 @@ class KernelCache:
             os.rename(build_dir, kept)
             raise BuildError(e.message, e.source_code, e.compiler_output,
                              hint=f"the source and the failed build are kept in {kept}") from e
+
+
+def _is_entry_dir(entry: Path) -> bool:
+    """Entries are directories polytile renamed into place, never symlinks: a link could
+    point anywhere (and a dangling one made every later call fail)."""
+    return entry.is_dir() and not entry.is_symlink()
 
 
 def _load_entry(entry: Path, key: CacheKey) -> LoadedLibrary:

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from polytile.errors import PolytileError
+from polytile.errors import CacheError, PolytileError
 
 
 def ensure_private_dir(path: Path) -> Path:
@@ -96,6 +96,7 @@ def exclusive_lock(path: Path, *, wait: bool = True) -> Iterator[None]:
     and start over if it does not.
     """
     while True:
+        _not_a_directory(path)
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -120,6 +121,21 @@ def exclusive_lock(path: Path, *, wait: bool = True) -> Iterator[None]:
         yield
     finally:
         os.close(fd)  # closing the last descriptor releases the flock
+
+
+def _not_a_directory(path: Path) -> None:
+    """A lock file is never a directory: an empty one is removed, anything else is
+    somebody's data, which polytile does not delete."""
+    if not path.is_dir() or path.is_symlink():
+        return
+    try:
+        path.rmdir()
+    except FileNotFoundError:
+        pass
+    except OSError:
+        raise CacheError(f"{path} is not a lock file but a directory with files in it",
+                         hint=f"polytile keeps only lock files there: delete it (rm -r "
+                              f"'{path}') or run `polytile cache clear`") from None
 
 
 _NO_LOCKING = frozenset({errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOSYS})
