@@ -41,6 +41,7 @@ from polytile.config import Config
 from polytile.errors import PolytileError
 from polytile.sema.specialize import Specialized
 from polytile.targets.target import Target
+from polytile.tune.lifetime import die_with_parent
 from polytile.tune.options import Options
 from polytile.tune.runner import RunnerSetup, RunReport, recv, send
 
@@ -80,8 +81,9 @@ class _CompileTimeout(BaseException):
 _JOB: BuildJob | None = None
 
 
-def _init_worker(job: BuildJob) -> None:
+def _init_worker(job: BuildJob, parent: int) -> None:
     global _JOB
+    die_with_parent(parent)
     _JOB = job
     signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl-C is the tuner's to handle
 
@@ -125,7 +127,7 @@ def build_all(job: BuildJob, candidates: Sequence[Options],
     workers = max(1, min(workers, len(candidates)))
     context = multiprocessing.get_context("fork")
     pool = cf.ProcessPoolExecutor(workers, mp_context=context, initializer=_init_worker,
-                                  initargs=(job,))
+                                  initargs=(job, os.getpid()))
     results: list[Build | None] = [None] * len(candidates)
     try:
         futures = {pool.submit(_build_in_worker, c, settings.timeout): k
@@ -205,7 +207,8 @@ class Runner:
     def _start(self) -> None:
         # Kept open for the process's lifetime: a crash report reads its tail.
         self._stderr = tempfile.TemporaryFile()  # noqa: SIM115
-        command = [sys.executable, "-c", "from polytile.tune.runner import main; main()"]
+        command = [sys.executable, "-c", "from polytile.tune.runner import main; "
+                   f"main(parent={os.getpid()})"]
         self._proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                       stderr=self._stderr, bufsize=0)
         assert self._proc.stdin is not None

@@ -26,6 +26,8 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
+from polytile.tune.lifetime import die_with_parent
+
 _HEADER = struct.Struct("<Q")
 PRUNE_MIN_SECONDS = 0.01     # below this, timing a candidate fully costs little anyway
 
@@ -79,7 +81,9 @@ def recv(stream: BinaryIO) -> Any:
     return pickle.loads(data)
 
 
-def main() -> None:
+def main(parent: int | None = None) -> None:
+    if parent is not None:
+        die_with_parent(parent)
     out = os.dup(1)
     os.dup2(2, 1)
     stdin = sys.stdin.buffer
