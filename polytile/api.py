@@ -14,6 +14,7 @@ import numpy as np
 
 from polytile import dtypes
 from polytile.config import Config, load_config
+from polytile.deep import SHALLOW, call_deep
 from polytile.errors import ArgumentError, PolytileError
 from polytile.lang.parser import parse
 from polytile.sema import program as P
@@ -109,6 +110,8 @@ class TCFunction:
         self._tensor_pos = tuple(k for k, p in enumerate(params) if p.kind == "input")
         self._int_pos = tuple(k for k, p in enumerate(params)
                               if p.kind == "scalar" and p.dtype.is_integral)
+        # Expressions too deep for the caller's stack compile and run on a deep one.
+        self._deep = max((P.depth(s.rhs) for s in self.fn.statements), default=0) > SHALLOW
 
     @property
     def name(self) -> str:
@@ -127,6 +130,12 @@ class TCFunction:
             result = self._fast_call(args, out)
             if result is not None:
                 return result
+        if self._deep:
+            return call_deep(self._checked_call, args, out)
+        return self._checked_call(args, out)
+
+    def _checked_call(self, args: tuple[Any, ...], out: Any) -> Any:
+        """Bind and check the arguments, specialize and compile on a new shape, run."""
         inputs, scalars = self._bind_inputs(args)
         key = self._key(args)
         spec = self._specs.get(key)

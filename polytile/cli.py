@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from polytile.deep import call_deep
 from polytile.errors import PolytileError
 
 
@@ -264,7 +265,8 @@ def main(argv: list[str] | None = None) -> int:
     bench.set_defaults(run=cmd_bench)
     args = parser.parse_args(argv)
     try:
-        return int(args.run(args))
+        # On a deep stack: a generated program's expressions may be thousands of levels deep.
+        return int(call_deep(args.run, args))
     except PolytileError as err:
         print(err.render(), file=sys.stderr)
         return 1

@@ -271,6 +271,9 @@ class _Emitter:
         self.store = next(s for s in blk.stmts if isinstance(s, Store))
         self.out = blk.ref(self.store.ref)
         self.dtypes: dict[str, dtypes.DType] = {}     # scalar (non-vector) values' types
+        # Looked up once per value: built once (rebuilding it per lookup was quadratic).
+        self.defs: dict[str, object] = {s.into: s for s in blk.stmts
+                                        if isinstance(s, (Load, Constant, Intrinsic, LoadIndex))}
 
     # ------------------------------------------------------------ structure
     def lines(self) -> list[str]:
@@ -430,11 +433,6 @@ class _Emitter:
             result = self.intrinsic(stmt, args, out)
         memo[key] = result
         return result
-
-    @property
-    def defs(self) -> dict[str, object]:
-        return {s.into: s for s in self.blk.stmts
-                if isinstance(s, (Load, Constant, Intrinsic, LoadIndex))}
 
     def load(self, st: Load, at: dict[str, Affine], n: int | str, out: list[str],
              combo: dict[str, int], memo: dict) -> tuple[str, bool]:

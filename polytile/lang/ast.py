@@ -188,3 +188,27 @@ class Module:
 
     def get(self, name: str) -> Def | None:
         return next((d for d in self.defs if d.name == name), None)
+
+
+def children(e: Expr) -> tuple[Expr, ...]:
+    if isinstance(e, Call):
+        return e.args
+    if isinstance(e, Unary):
+        return (e.operand,)
+    if isinstance(e, Binary):
+        return (e.lhs, e.rhs)
+    if isinstance(e, Ternary):
+        return (e.cond, e.then, e.other)
+    return ()
+
+
+def depth(e: Expr) -> int:
+    """Levels of the tree (a leaf is 1), computed without recursion: the trees this
+    measures may be too deep to walk recursively."""
+    deepest = 0
+    stack = [(e, 1)]
+    while stack:
+        node, level = stack.pop()
+        deepest = max(deepest, level)
+        stack.extend((c, level + 1) for c in children(node))
+    return deepest

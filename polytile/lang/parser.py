@@ -6,6 +6,7 @@ Errors are `ParseError`s that point at the offending token and say what was expe
 """
 from __future__ import annotations
 
+from polytile.deep import MAX_DEPTH, MAX_NESTING, retry_deep
 from polytile.dtypes import TYPE_NAMES
 from polytile.errors import ParseError, Source, SourceLoc
 from polytile.lang import ast
@@ -23,7 +24,7 @@ _REDUCTIONS = {"=": ("=", False), "+=": ("+=", False), "*=": ("*=", False),
 
 def parse(text: str, name: str = "<string>") -> ast.Module:
     """Parse TC source holding one or more `def`s."""
-    return _Parser(Source(text, name)).module()
+    return retry_deep(lambda: _Parser(Source(text, name)).module())
 
 
 def parse_expr(text: str) -> ast.Expr:
@@ -39,6 +40,7 @@ class _Parser(TokenCursor[Token]):
 
     def __init__(self, source: Source):
         super().__init__(tokenize(source))
+        self.nesting = 0         # expressions being parsed inside each other
         self.source = source
 
     # -------------------------------------------------------------- helpers
@@ -199,6 +201,25 @@ class _Parser(TokenCursor[Token]):
 
     # -------------------------------------------------------------- expressions
     def expr(self) -> ast.Expr:
+        """An expression; the outermost call also checks the depth of the whole tree."""
+        start = self.tok.loc
+        self.nesting += 1
+        if self.nesting > MAX_NESTING:
+            raise ParseError(f"expression nested more than {MAX_NESTING} levels deep "
+                             "(parentheses, calls, conditionals)", start,
+                             "split it into several statements with temporaries")
+        try:
+            e = self.conditional()
+        finally:
+            self.nesting -= 1
+        if self.nesting == 0 and ast.depth(e) > MAX_DEPTH:
+            raise ParseError(f"expression is {ast.depth(e)} levels deep; polytile compiles "
+                             f"up to {MAX_DEPTH} (a chain of operators counts one level per "
+                             "operator)", start,
+                             "split it into several statements with temporaries")
+        return e
+
+    def conditional(self) -> ast.Expr:
         cond = self.binary(0)
         if self.at("?"):
             loc = self.advance().loc
@@ -219,10 +240,13 @@ class _Parser(TokenCursor[Token]):
         return lhs
 
     def unary(self) -> ast.Expr:
-        if self.tok.kind == "op" and self.tok.text in ("-", "+", "!"):
-            op = self.advance()
-            return ast.Unary(op.text, self.unary(), op.loc)
-        return self.postfix()
+        ops = []       # a loop, not recursion: `- - - x` may be long
+        while self.tok.kind == "op" and self.tok.text in ("-", "+", "!"):
+            ops.append(self.advance())
+        e = self.postfix()
+        for op in reversed(ops):
+            e = ast.Unary(op.text, e, op.loc)
+        return e
 
     def postfix(self) -> ast.Expr:
         tok = self.tok

@@ -11,6 +11,7 @@ fixpoint over the statements, then the checks of TC §3: inputs are immutable,
 from __future__ import annotations
 
 from polytile import dtypes
+from polytile.deep import retry_deep
 from polytile.dtypes import DType
 from polytile.errors import (CausalityError, NameResolutionError, RangeInferenceError,
                              TypeCheckError, UnsupportedError)
@@ -23,7 +24,8 @@ from polytile.sema.sizes import SizeExpr
 
 def analyze(module: ast.Module) -> P.Program:
     names = frozenset(d.name for d in module.defs)
-    return P.Program(tuple(_Function(d, names).build() for d in module.defs))
+    return retry_deep(lambda: P.Program(tuple(_Function(d, names).build()
+                                              for d in module.defs)))
 
 
 def _dims_expr(dims: tuple[str | int, ...]) -> tuple[SizeExpr, ...]:

@@ -143,3 +143,16 @@ class Program:
             if f.name == name:
                 return f
         raise KeyError(name)
+
+
+def depth(e: TExpr) -> int:
+    """Levels of a typed expression tree, computed without recursion (see polytile.deep)."""
+    deepest = 0
+    stack = [(e, 1)]
+    while stack:
+        node, level = stack.pop()
+        deepest = max(deepest, level)
+        inner = node.indices if isinstance(node, Read) else (
+            node.args if isinstance(node, Op) else ())
+        stack.extend((c, level + 1) for c in inner)
+    return deepest

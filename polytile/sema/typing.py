@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+import math
+
 import numpy as np
 
 from polytile import dtypes
@@ -47,6 +49,7 @@ class Typed:
 
 def resolve(e: ast.Expr, scope: Scope) -> Typed:
     if isinstance(e, ast.Number):
+        _check_literal(e)
         if isinstance(e.value, int):   # like C: a literal too big for int is a long
             dtype = dtypes.INT32 if e.value <= np.iinfo(np.int32).max else dtypes.INT64
         else:
@@ -242,6 +245,19 @@ def reads(e: P.TExpr) -> list[P.Read]:
         elif isinstance(x, P.Op):
             stack.extend(reversed(x.args))
     return out
+
+
+def _check_literal(e: ast.Number) -> None:
+    """A literal beyond its widest type would wrap or become infinity without a word."""
+    shown = e.text if len(e.text) <= 24 else f"{e.text[:12]}...{e.text[-6:]} ({len(e.text)} " \
+                                             "characters)"
+    if isinstance(e.value, int) and e.value > np.iinfo(np.int64).max:
+        raise TypeCheckError(f"integer literal {shown} does not fit in int64, the widest "
+                             "integer type", e.loc, "write a float literal (with a decimal "
+                             "point) for a real number")
+    if isinstance(e.value, float) and not math.isfinite(e.value):
+        raise TypeCheckError(f"literal {shown} is out of range for float64 (at most about "
+                             "1.8e308)", e.loc)
 
 
 def index_names(e: P.TExpr) -> set[str]:
