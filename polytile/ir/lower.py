@@ -18,9 +18,6 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-import numpy as np
-
-from polytile import dtypes
 from polytile.dtypes import DType
 from polytile.ir import nodes as N
 from polytile.sema import program as P
@@ -30,20 +27,6 @@ from polytile.sema.specialize import Specialized
 
 AGG = {"=": "assign", "+=": "add", "*=": "mul", "max=": "max", "min=": "min"}
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
-
-
-def identity(op: str, dtype: DType) -> int | float:
-    """The value a `!` reduction starts from."""
-    if op == "+=":
-        return 0
-    if op == "*=":
-        return 1
-    if dtype.is_float:
-        return float("-inf") if op == "max=" else float("inf")
-    info = np.iinfo(dtype.numpy) if dtype != dtypes.BOOL else None
-    if info is None:
-        return 0 if op == "max=" else 1
-    return int(info.min) if op == "max=" else int(info.max)
 
 
 def contiguous(dtype: DType, shape: tuple[int, ...]) -> N.TensorShape:
@@ -80,10 +63,14 @@ def lower(spec: Specialized) -> N.Function:
     shapes = {r.into: r.shape for r in top}
     blocks: list[N.Statement] = []
     for k, (st, ranges) in enumerate(zip(fn.statements, spec.ranges)):
+        # A statement over an empty range (a size of 0) does nothing; a `!` reduction over
+        # an empty reduction range still starts its elements at the identity.
+        empty = {n for n, lo, hi in ranges if hi == lo}
         lowering = _Statement(st, ranges, env, shapes, fn, f"s{k}")
-        if st.init and st.reduction_indices:
+        if st.init and st.reduction_indices and not empty & set(st.indices):
             blocks.append(lowering.init_block())
-        blocks.append(lowering.block())
+        if not empty:
+            blocks.append(lowering.block())
     params = tuple(ir_name(t.name) for t in fn.params + fn.outputs)
     main = N.Block("main", refs=tuple(top), stmts=tuple(blocks), tags=frozenset({"main"}))
     return N.Function(ir_name(fn.name), params, main)
@@ -134,7 +121,7 @@ class _Statement:
     # ------------------------------------------------------------ blocks
     def init_block(self) -> N.Block:
         dtype = self.shapes[ir_name(self.st.tensor)].dtype
-        value = identity(self.st.op, dtype)
+        value = P.identity(self.st.op, dtype)
         ref = self.lhs_ref("assign", "out")
         stmts = (N.Constant("$init", value, dtype), N.Store(ref.into, "$init"))
         return N.Block(f"{self.name}_init", self.idxs(self.st.indices), (), (ref,), stmts,

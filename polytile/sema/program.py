@@ -10,6 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Union
 
+import numpy as np
+
+from polytile import dtypes
 from polytile.dtypes import DType
 from polytile.errors import SourceLoc
 from polytile.sema.sizes import SizeExpr
@@ -156,3 +159,19 @@ def depth(e: TExpr) -> int:
             node.args if isinstance(node, Op) else ())
         stack.extend((c, level + 1) for c in inner)
     return deepest
+
+
+def identity(op: str, dtype: DType) -> int | float:
+    """The value a `!` reduction starts from (and keeps over an empty range: 0 for
+    +=!, 1 for *=!, as NumPy's sum and prod of nothing; -inf / +inf, or the type's
+    least / greatest value, for max=! / min=!)."""
+    if op == "+=":
+        return 0
+    if op == "*=":
+        return 1
+    if dtype.is_float:
+        return float("-inf") if op == "max=" else float("inf")
+    info = np.iinfo(dtype.numpy) if dtype != dtypes.BOOL else None
+    if info is None:
+        return 0 if op == "max=" else 1
+    return int(info.min) if op == "max=" else int(info.max)

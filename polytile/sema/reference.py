@@ -14,6 +14,7 @@ from typing import Mapping
 
 import numpy as np
 
+from polytile import dtypes
 from polytile.errors import OutOfBoundsError
 from polytile.ir import intrinsics
 from polytile.sema import program as P
@@ -51,6 +52,11 @@ def _run_statement(st: P.Statement, ranges: tuple[tuple[str, int, int], ...],
     target = tensors[st.tensor]
     n_lhs = len(st.indices)
     extents = [hi - lo for _, lo, hi in ranges]
+    if 0 in extents:        # no iterations; a `!` reduction still starts at its identity
+        if st.init and 0 not in extents[:n_lhs]:
+            region = tuple(slice(lo, hi) for _, lo, hi in ranges[:n_lhs])
+            target[region] = P.identity(st.op, dtypes.from_numpy(target.dtype))
+        return
     per_row = int(np.prod(extents[1:])) if len(extents) > 1 else 1
     if n_lhs and per_row * extents[0] > _CHUNK_ELEMENTS:
         step = max(1, _CHUNK_ELEMENTS // max(per_row, 1))

@@ -72,9 +72,13 @@ def specialize(fn: P.Function, shapes: Mapping[str, tuple[int, ...]],
         ranges: list[tuple[str, int, int]] = []
         for name, r in st.ranges:
             lo, hi = _evaluate(r.lo, env, name, st.loc), _evaluate(r.hi, env, name, st.loc)
-            if hi <= lo:
+            # An empty range (a size of 0) means no iterations, as in NumPy; a negative
+            # one means the tensors are too small for the access pattern.
+            if hi < lo:
                 raise RangeInferenceError(
-                    f"range of {name} is empty ({lo}:{hi}) for sizes {_show_env(env)}", st.loc,
+                    f"range of {name} is empty ({lo}:{hi} ends before it starts) for sizes "
+                    f"{_show_env(env)}",
+                    st.loc,
                     "the tensors are too small for this access pattern; check the sizes, or "
                     f"give the range with a where clause, e.g. `where {name} in lo:hi`")
             ranges.append((name, lo, hi))
@@ -107,8 +111,13 @@ def _check_bounds(st: P.Statement, ranges: dict[str, tuple[int, int]],
                   shapes: dict[str, tuple[int, ...]], env: dict[str, int]) -> None:
     """Every affine subscript stays inside its tensor for every iteration (the domain is a
     box, so the extremes of an affine function are exact)."""
-    accesses = [(st.tensor, tuple(P.IndexVar(i, T.INDEX) for i in st.indices), st.loc)]
-    accesses += [(r.tensor, r.indices, r.loc) for r in T.reads(st.rhs)]
+    empty = {name for name, (lo, hi) in ranges.items() if hi == lo}
+    # Over an empty range nothing is read; the left side is still written (initialized)
+    # when only reduction ranges are empty.
+    accesses = ([] if empty & set(st.indices)
+                else [(st.tensor, tuple(P.IndexVar(i, T.INDEX) for i in st.indices), st.loc)])
+    if not empty:
+        accesses += [(r.tensor, r.indices, r.loc) for r in T.reads(st.rhs)]
     for tensor, subs, loc in accesses:
         shape = shapes[tensor]
         for d, sub in enumerate(subs):

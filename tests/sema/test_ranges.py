@@ -229,7 +229,8 @@ def test_where_bounds_may_use_sizes_and_integer_scalars():
 def test_inferred_range_is_the_maximal_safe_interval(a, b, c, klo, kk, n):
     """For B(i) +=! A(a*i + b*k + c) where k in klo:klo+kk, the inferred range of i is
     exactly the set of i >= 0 for which every k keeps the subscript in bounds (brute
-    force), and universal quantification holds: no k may read out of bounds."""
+    force), and universal quantification holds: no k may read out of bounds. Where no i
+    is valid the range is empty or an error, never one that reads out of bounds."""
     text = (f"def f(float(N) A) -> (B) {{\n  B(i) +=! A({a} * i + {b} * k + {c})"
             f" where k in {klo}:{klo + kk}\n}}\n")
     valid = [i for i in range(200)
@@ -239,7 +240,10 @@ def test_inferred_range_is_the_maximal_safe_interval(a, b, c, klo, kk, n):
     except pt.RangeInferenceError:
         assert not valid
         return
-    assert valid and got == (min(valid), max(valid) + 1)
+    if not valid:          # an empty range: no iterations (a size of 0 in NumPy terms)
+        assert got[0] == got[1]
+        return
+    assert got == (min(valid), max(valid) + 1)
 
 
 # ------------------------------------------------------------------ errors
@@ -296,8 +300,10 @@ def test_empty_range_at_call():
     mod = pt.define("def f(float(N) A) -> (B) {\n  B(i) +=! A(i + k) where k in 0:3\n}\n",
                     backend="interp")
     with pytest.raises(pt.RangeInferenceError, match="empty") as info:
-        mod.f(np.ones(2, np.float32))
+        mod.f(np.ones(1, np.float32))          # i in 0:-1: the input is too small
     where_hint(info.value)
+    # i in 0:0 is a range of no iterations, as in NumPy: the result is empty.
+    assert mod.f(np.ones(2, np.float32)).shape == (0,)
 
 
 def test_where_naming_an_unused_index():
@@ -368,7 +374,11 @@ def test_cli_check_range_error(tmp_path):
 
 
 def test_cli_check_bad_sizes_and_missing_file(tmp_path):
-    res = check(str(PAPER / "mv.tc"), "--sizes", "M=3,K=0")
+    res = check(str(PAPER / "mv.tc"), "--sizes", "M=3,K=0")     # no iterations over k
+    assert res.returncode == 0 and "k in 0:0" in res.stdout
+    conv = tmp_path / "conv.tc"
+    conv.write_text("def f(float(M) I, float(N) K) -> (O) { O(i) +=! K(x) * I(i + x) }")
+    res = check(str(conv), "--sizes", "M=3,N=5")       # the kernel is longer than the input
     assert res.returncode == 1 and "empty" in res.stderr
     res = check(str(PAPER / "sconv2d.tc"), "--sizes", "N=1")
     assert res.returncode == 1 and "--sizes does not give" in res.stderr
