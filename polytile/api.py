@@ -7,13 +7,14 @@
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from polytile import dtypes
-from polytile.config import Config, load_config
+from polytile.config import Config, load_config, parse_sanitizers
 from polytile.deep import SHALLOW, call_deep
 from polytile.errors import ArgumentError, PolytileError
 from polytile.lang.parser import parse
@@ -31,16 +32,21 @@ BACKENDS = ("c", "interp")
 
 
 def define(source: str, backend: str = "c", name: str = "<tc>", target: str | None = None,
-           config: Config | None = None) -> "Module":
+           config: Config | None = None, sanitize: str | Sequence[str] | None = None
+           ) -> "Module":
     """Parse and check TC source; the returned Module has one callable per `def`.
 
     backend "c" (default) compiles each function to native code on its first call with
-    a new set of shapes; "interp" runs the NumPy reference interpreter.
+    a new set of shapes; "interp" runs the NumPy reference interpreter. `sanitize`
+    ("address,undefined", or a list) builds the kernels with those sanitizers
+    (polytile.runtime.sanitize), overriding POLYTILE_SANITIZE.
     """
     if backend not in BACKENDS:
         raise ArgumentError(f"unknown backend {backend!r}", hint=f"use one of {BACKENDS}")
     program = analyze(parse(source, name))
     config = config or load_config()
+    if sanitize is not None:
+        config = replace(config, sanitize=parse_sanitizers(sanitize))
     compiled = None
     if backend == "c":
         from polytile.compile import Compiler

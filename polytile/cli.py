@@ -3,6 +3,7 @@
     polytile check FILE.tc [--sizes M=128,K=64]
     polytile show FILE.tc --stage ast|program|ir|c [--sizes ...] [--function NAME] [--target T]
     polytile targets
+    polytile sanitize [--with address,undefined] -- COMMAND [ARGS...]
     polytile tune FILE.tc --sizes M=1024,K=1024,N=1024 [--budget 2m] [--strategy genetic|random]
     polytile cache info|clear [--tuning]
     polytile cache export FILE | import FILE
@@ -145,6 +146,27 @@ def cmd_targets(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_sanitize(args: argparse.Namespace) -> int:
+    """Run COMMAND with kernels built under sanitizers, and with their runtime loaded."""
+    import os
+    import subprocess
+
+    from polytile.config import load_config, parse_sanitizers
+    from polytile.runtime.sanitize import sanitized_environment
+    from polytile.runtime.toolchain import detect_toolchain
+
+    command = args.command_line[1:] if args.command_line[:1] == ["--"] else args.command_line
+    if not command:
+        raise PolytileError("polytile sanitize needs a command to run",
+                            hint="e.g. polytile sanitize -- python my_script.py")
+    config = load_config()
+    names = parse_sanitizers(args.sanitizers or config.sanitize or "address,undefined",
+                             "--with")
+    env = sanitized_environment(detect_toolchain(config), names, os.environ)
+    code = subprocess.run(command, env=env, check=False).returncode
+    return code if code >= 0 else 128 - code
+
+
 def cmd_cache(args: argparse.Namespace) -> int:
     from polytile.tune.command import run_cache
 
@@ -224,6 +246,14 @@ def main(argv: list[str] | None = None) -> int:
     targets = sub.add_parser("targets", help="list the shipped targets, their backends and "
                              "features, and whether this host runs them")
     targets.set_defaults(run=cmd_targets)
+    sanitize = sub.add_parser("sanitize", help="run a command whose kernels are built with "
+                              "AddressSanitizer and UBSan (reports name the kernel and end "
+                              "the process)")
+    sanitize.add_argument("--with", dest="sanitizers", default=None, metavar="NAMES",
+                          help="address,undefined (default: POLYTILE_SANITIZE, else both)")
+    sanitize.add_argument("command_line", nargs=argparse.REMAINDER,
+                          help="-- COMMAND [ARGS...]")
+    sanitize.set_defaults(run=cmd_sanitize)
     tune = sub.add_parser("tune", help="autotune a TC function for given sizes and keep the "
                           "best options (later calls use them)")
     tune.add_argument("file", help="TC source file, or - for standard input")

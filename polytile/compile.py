@@ -22,7 +22,7 @@ import numpy as np
 
 from polytile.config import Config
 from polytile.dtypes import scalar_problem
-from polytile.errors import OutOfBoundsError, PolytileError, TuningEntryWarning
+from polytile.errors import BuildError, OutOfBoundsError, PolytileError, TuningEntryWarning
 from polytile.ir import nodes as N
 from polytile.ir.lower import lower
 from polytile.ir.printer import format_function
@@ -30,6 +30,7 @@ from polytile.runtime.cache import KernelCache, LoadedLibrary
 from polytile.runtime.files import sha256_text
 from polytile.runtime.kernel import Kernel
 from polytile.runtime.key import CacheKey
+from polytile.runtime.sanitize import missing_runtime, sanitizer_flags
 from polytile.runtime.toolchain import BuildOptions, flags_for
 from polytile.sema.canonical import canonical
 from polytile.sema.specialize import Specialized
@@ -122,6 +123,7 @@ class Compiler:
         extra = tuple(f for f in self.target.cflags if not f.startswith("-O"))
         opt = next((int(f[2:]) for f in self.target.cflags if f[:2] == "-O" and f[2:].isdigit()),
                    3)
+        extra += sanitizer_flags(self.config.sanitize)
         return flags_for(toolchain, BuildOptions(opt_level=opt, native=False,
                                                  openmp=self.target.openmp, extra=extra))
 
@@ -139,6 +141,10 @@ class Compiler:
         return Built(fn, key, library)
 
     def compile(self, spec: Specialized) -> "CompiledFunction":
+        missing = missing_runtime(self.config.sanitize)
+        if missing:
+            raise BuildError(missing, hint="run the program with `polytile sanitize -- python "
+                                           "SCRIPT.py` (it sets LD_PRELOAD and ASAN_OPTIONS)")
         built = self.build(spec)
         kernel = Kernel(built.library.so_path, len(built.fn.params))
         return CompiledFunction(spec, kernel, built.library.source_path, built.key)

@@ -16,17 +16,23 @@ changes nothing:
 | POLYTILE_NO_DISK_CACHE    | disable_disk_cache | off                                      |
 | POLYTILE_KEEP_BUILD_DIRS  | keep_build_dirs    | off                                      |
 | POLYTILE_IGNORE_TUNED     | ignore_tuned       | off: calls use the tuning database's best |
+| POLYTILE_SANITIZE         | sanitize           | none; `address,undefined` builds kernels with those sanitizers (polytile.runtime.sanitize) |
+
+POLYTILE_CC may be a command with arguments, e.g. `POLYTILE_CC="ccache gcc"` or
+`POLYTILE_CC="cc -fno-strict-aliasing"`.
 """
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import platformdirs
 
 from polytile.errors import PolytileError
+
+SANITIZERS = ("address", "undefined")     # what kernels can be built with (-fsanitize=)
 
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"", "0", "false", "no", "off"})
@@ -47,6 +53,8 @@ class Config:
     # Compile with the heuristics even where the tuning database has better options
     # (to measure what tuning gained, or to rule it out when debugging).
     ignore_tuned: bool = False
+    # Sanitizers kernels are built with, sorted: () or a subset of ("address", "undefined").
+    sanitize: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         # A str or any os.PathLike works; made absolute now, so a later os.chdir
@@ -66,7 +74,23 @@ def load_config(environ: Mapping[str, str] | None = None) -> Config:
         disable_disk_cache=_flag(env, "POLYTILE_NO_DISK_CACHE"),
         keep_build_dirs=_flag(env, "POLYTILE_KEEP_BUILD_DIRS"),
         ignore_tuned=_flag(env, "POLYTILE_IGNORE_TUNED"),
+        sanitize=parse_sanitizers(env.get("POLYTILE_SANITIZE", ""), "POLYTILE_SANITIZE"),
     )
+
+
+def parse_sanitizers(value: str | Sequence[str] | None, source: str = "sanitize"
+                     ) -> tuple[str, ...]:
+    """("address", "undefined") from "address,undefined" or a sequence of names."""
+    if value is None:
+        return ()
+    items = value.split(",") if isinstance(value, str) else list(value)
+    names = tuple(sorted({str(n).strip() for n in items if str(n).strip()}))
+    unknown = [n for n in names if n not in SANITIZERS]
+    if unknown:
+        raise PolytileError(f"{source}={value!r} names unknown sanitizers "
+                            f"{', '.join(unknown)}",
+                            hint=f"use a comma list of {', '.join(SANITIZERS)}")
+    return names
 
 
 def _flag(env: Mapping[str, str], name: str) -> bool:

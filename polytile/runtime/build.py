@@ -46,7 +46,7 @@ def build_shared_object(source: str, flags: Sequence[str], toolchain: Toolchain,
     source_path = source_path if source_path is not None else out_path.with_suffix(".c")
     source_path.write_text(source, encoding="utf-8")
     temp_out = out_path.with_name(f".{out_path.name}.{secrets.token_hex(4)}.tmp")
-    command = (toolchain.path, *flags, "-shared", "-fPIC", "-o", str(temp_out),
+    command = (*toolchain.command, *flags, "-shared", "-fPIC", "-o", str(temp_out),
                str(source_path), *_LIBS)
     start = time.perf_counter()
     try:

@@ -18,6 +18,7 @@ import functools
 import json
 import os
 import platform
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -54,11 +55,18 @@ class Toolchain:
     version: str       # first line of `--version`
     supports_march_native: bool
     supports_openmp: bool
+    args: tuple[str, ...] = ()   # given with the compiler: POLYTILE_CC="cc -fsanitize=address"
+
+    @property
+    def command(self) -> tuple[str, ...]:
+        """What every compilation starts with."""
+        return (self.path, *self.args)
 
     @property
     def identity(self) -> str:
         """What the compilation cache key records about the compiler."""
-        return f"{self.path} -> {self.real_path}: {self.version}"
+        given = "".join(f" {a}" for a in self.args)
+        return f"{self.path}{given} -> {self.real_path}: {self.version}"
 
 
 @dataclass(frozen=True)
@@ -90,13 +98,26 @@ def flags_for(toolchain: Toolchain, options: BuildOptions = BuildOptions()) -> t
 
 
 def detect_toolchain(config: Config) -> Toolchain:
-    """The configured compiler, probed at most once per process and compiler binary."""
-    path = find_compiler(config.cc)
+    """The configured compiler, probed at most once per process and compiler binary.
+    POLYTILE_CC may be a command with arguments (shell words)."""
+    words = _words(config.cc) if config.cc is not None else []
+    path = find_compiler(words[0] if words else None)
     real_path = os.path.realpath(path)
     info = os.stat(real_path)
     fingerprint = (info.st_size, info.st_mtime_ns, info.st_dev, info.st_ino)
     records = None if config.disable_disk_cache else config.cache_dir
-    return _detect(path, real_path, fingerprint, records)
+    return _detect(path, real_path, fingerprint, records, tuple(words[1:]))
+
+
+def _words(command: str) -> list[str]:
+    try:
+        words = shlex.split(command)
+    except ValueError as e:
+        raise BuildError(f"POLYTILE_CC={command!r} is not a command: {e}",
+                         hint=_COMPILER_HINT) from None
+    if not words:
+        raise BuildError("POLYTILE_CC is blank", hint=_COMPILER_HINT)
+    return words
 
 
 def find_compiler(requested: str | None) -> str:
@@ -155,33 +176,37 @@ def run_compiler(compiler: str, args: Sequence[str], *, timeout: float | None = 
 
 @functools.cache
 def _detect(path: str, real_path: str, fingerprint: tuple[int, ...],
-            cache_dir: Path | None) -> Toolchain:
+            cache_dir: Path | None, args: tuple[str, ...] = ()) -> Toolchain:
     record = None
     if cache_dir is not None:
         name = sha256_text(json.dumps([PROBE_FORMAT, platform.machine(), path, real_path,
-                                       fingerprint]))[:32]
+                                       fingerprint, list(args)]))[:32]
         record = ensure_private_dir(ensure_private_dir(cache_dir) / RECORDS_DIR) / f"{name}.json"
-        found = _read_record(record, path, real_path)
+        found = _read_record(record, path, real_path, args)
         if found is not None:
             return found
+    command = (path, *args)
     toolchain = Toolchain(
         path=path, real_path=real_path, version=_version(path),
-        supports_march_native=_compiles(path, _MARCH_NATIVE_PROBE, ("-march=native",)),
-        supports_openmp=_compiles(path, _OPENMP_PROBE, ("-fopenmp",)),
+        supports_march_native=_compiles(command, _MARCH_NATIVE_PROBE, ("-march=native",)),
+        supports_openmp=_compiles(command, _OPENMP_PROBE, ("-fopenmp",)),
+        args=args,
     )
     if record is not None:
         atomic_write_bytes(record, json.dumps(asdict(toolchain), indent=1).encode())
     return toolchain
 
 
-def _read_record(record: Path, path: str, real_path: str) -> Toolchain | None:
+def _read_record(record: Path, path: str, real_path: str,
+                 args: tuple[str, ...]) -> Toolchain | None:
     """The recorded probe, or None if there is none or it does not parse as one."""
     try:
         data = json.loads(record.read_text())
-        toolchain = Toolchain(**data)
-    except (OSError, ValueError, TypeError):
+        toolchain = Toolchain(**{**data, "args": tuple(data.get("args", ()))})
+    except (OSError, ValueError, TypeError, AttributeError):
         return None
     ok = (toolchain.path == path and toolchain.real_path == real_path
+          and toolchain.args == args
           and isinstance(toolchain.version, str)
           and isinstance(toolchain.supports_march_native, bool)
           and isinstance(toolchain.supports_openmp, bool))
@@ -199,7 +224,7 @@ def _version(path: str) -> str:
     return first
 
 
-def _compiles(path: str, source: str, flags: tuple[str, ...]) -> bool:
+def _compiles(command: tuple[str, ...], source: str, flags: tuple[str, ...]) -> bool:
     """Whether `source` compiles and links into a shared object with `flags`.
 
     -Werror: a flag the compiler accepts with a warning ("argument unused") would
@@ -209,4 +234,4 @@ def _compiles(path: str, source: str, flags: tuple[str, ...]) -> bool:
         src = Path(tmp, "probe.c")
         src.write_text(source)
         args = ["-Werror", *flags, "-shared", "-fPIC", "-o", str(Path(tmp, "probe.so")), str(src)]
-        return run_compiler(path, args, timeout=120).returncode == 0
+        return run_compiler(command[0], [*command[1:], *args], timeout=120).returncode == 0
