@@ -57,6 +57,9 @@ class Toolchain:
     supports_openmp: bool
     args: tuple[str, ...] = ()   # given with the compiler: POLYTILE_CC="cc -fsanitize=address"
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "args", tuple(self.args))   # a JSON record holds a list
+
     @property
     def command(self) -> tuple[str, ...]:
         """What every compilation starts with."""
@@ -202,8 +205,8 @@ def _read_record(record: Path, path: str, real_path: str,
     """The recorded probe, or None if there is none or it does not parse as one."""
     try:
         data = json.loads(record.read_text())
-        toolchain = Toolchain(**{**data, "args": tuple(data.get("args", ()))})
-    except (OSError, ValueError, TypeError, AttributeError):
+        toolchain = Toolchain(**data)
+    except (OSError, ValueError, TypeError):
         return None
     ok = (toolchain.path == path and toolchain.real_path == real_path
           and toolchain.args == args
