@@ -223,7 +223,8 @@ class TCFunction:
         params = self.fn.params
         if len(args) != len(params):
             names = ", ".join(p.name for p in params)
-            raise ArgumentError(f"{self.name} takes {len(params)} arguments ({names}), got "
+            plural = "" if len(params) == 1 else "s"
+            raise ArgumentError(f"{self.name} takes {len(params)} argument{plural} ({names}), got "
                                 f"{len(args)}", self.fn.loc)
         inputs: dict[str, np.ndarray] = {}
         scalars: dict[str, Any] = {}

@@ -22,7 +22,9 @@ import numpy as np
 
 from polytile.config import Config
 from polytile.dtypes import scalar_problem
-from polytile.errors import BuildError, OutOfBoundsError, PolytileError, TuningEntryWarning
+from polytile.codegen.cabi import ERR_INDEX, ERR_NOMEM
+from polytile.errors import (BuildError, KernelError, OutOfBoundsError, PolytileError,
+                             TuningEntryWarning)
 from polytile.ir import nodes as N
 from polytile.ir.lower import lower
 from polytile.ir.printer import format_function
@@ -266,6 +268,13 @@ class CompiledFunction:
     def _check(self, failure: Any) -> None:
         if failure is None:
             return
+        if failure.code == ERR_NOMEM:
+            raise KernelError(f"{self.fn.name}: out of memory allocating a {failure.index}-byte "
+                              "temporary buffer", self.fn.loc,
+                              "free memory, or make the temporaries smaller")
+        if failure.code != ERR_INDEX:
+            raise KernelError(f"{self.fn.name}: the kernel failed with code {failure.code}",
+                              self.fn.loc)
         names = [t.name for t in self.fn.params + self.fn.outputs]
         tensor = names[failure.param] if 0 <= failure.param < len(names) else "?"
         raise OutOfBoundsError(f"{tensor} is indexed at {failure.index} in dimension "
