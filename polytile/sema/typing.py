@@ -136,7 +136,7 @@ def _call(e: ast.Call, scope: Scope) -> Typed:
                                "supported", e.loc, "call it as a statement: (X) = f(A, B)")
     raise NameResolutionError(f"unknown tensor or function '{e.name}'", e.loc,
                               "tensors are the function's arguments and the tensors its "
-                              "statements define; see the list of builtins in the docs")
+                              "statements define; see the builtins in docs/language.md")
 
 
 def _apply(op: str, args: tuple[Typed, ...], loc: SourceLoc, name: str | None = None) -> Typed:
