@@ -212,7 +212,7 @@ class TCFunction:
             return None
         try:
             kernel = self._kernels.get(self._key(args))
-        except (AttributeError, TypeError, ValueError):
+        except (AttributeError, TypeError, ValueError, OverflowError):   # int(inf)
             return None
         if kernel is None:
             return None

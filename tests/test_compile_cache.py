@@ -348,9 +348,7 @@ for case in CASES:
     call = case_call(case)
     for target in TARGETS:
         ir = optimized(call, target)
-        text = format_function(ir)
-        if target == TARGETS[0]:
-            text += generate_c(ir, COptions(symbol="polytile_kernel")).text
+        text = format_function(ir) + generate_c(ir, COptions(symbol="polytile_kernel")).text
         digests[f"{case.name} on {target}"] = hashlib.sha256(text.encode()).hexdigest()
 print(json.dumps(digests))
 """
@@ -360,12 +358,13 @@ def test_optimized_ir_and_c_are_the_same_in_every_process(tmp_path: Path) -> Non
     """What the cache key hashes (the optimized IR) and what it stores (the C) must not
     depend on the process: no iteration over sets or dicts keyed by id() in the passes
     or the code generator. Two processes with other hash seeds, every corpus program,
-    every target."""
+    every target. (Seeds 1 and 2 gave conv2d's micro-kernel its unrolled copies in two
+    orders while the unrolled indices were a frozenset of string tags.)"""
     script = tmp_path / "digests.py"
     script.write_text(DIGESTS)
     tests_dir = str(Path(__file__).resolve().parent)
     children = []
-    for seed in (1, 3):
+    for seed in (1, 2):
         env = {k: v for k, v in os.environ.items() if k != "PYTHONHASHSEED"}
         env.update(PYTHONHASHSEED=str(seed), POLYTILE_CACHE_DIR=str(tmp_path / "cache"))
         children.append(subprocess.Popen([sys.executable, str(script), tests_dir], env=env,

@@ -48,10 +48,11 @@ How IR maps to C:
   bounds of the innermost one of them; the others become an `if` around the block.
 * Addresses are folded to one affine expression of loop variables per access:
   a view's origin is its parent's origin + sum(access_d * stride_d).
-* Tags: "parallel" puts `#pragma omp parallel for` on the outermost loop whose
-  iterations provably write disjoint elements (else the tag is ignored, with a
-  comment); "vectorize" puts `#pragma omp simd` on the innermost loop under the
-  same condition. Inside a parallel loop a failed check records the error
+* The block's schedule (`BlockSchedule`, set by passes): `parallel` puts `#pragma
+  omp parallel for` on the outermost loop whose iterations provably write disjoint
+  elements (else it is ignored, with a comment); `simd` puts `#pragma omp simd` on
+  the innermost loop under the same condition; `micro` hands the block to the vector
+  micro-kernel generator (`transpose`: to the register-transpose copy). Inside a parallel loop a failed check records the error
   (first one wins) and skips the rest of its iteration; the function returns
   after the loop.
 * C identifiers are all generated (`b0` params, `l0` locals, `i0` loops, `s0`
@@ -107,7 +108,7 @@ _INDENT = "    "
 class COptions:
     symbol: str | None = None     # exported name; default "pt_" + the sanitized function name
     stack_bytes: int = 32768      # local buffers up to this size live on the stack
-    openmp: bool = True           # honor the "parallel" and "vectorize" tags
+    openmp: bool = True           # honor the schedules' parallel and simd
 
 
 @dataclass(frozen=True)
@@ -146,11 +147,9 @@ def _read_scalars(block: Block) -> set[str]:
 
 
 def _vector_width(block: Block) -> int:
-    """Lanes of the first block tagged for the vector generator (`vec=` and `lanes=`)."""
-    if any(t.startswith("vec=") for t in block.tags):
-        lanes = [t.split("=", 1)[1] for t in block.tags if t.startswith("lanes=")]
-        if lanes:
-            return int(lanes[0])
+    """Lanes of the first block whose schedule has a vector index."""
+    if block.schedule.vector is not None:
+        return block.schedule.vector.lanes
     return next((w for st in block.stmts if isinstance(st, Block)
                  for w in (_vector_width(st),) if w), 0)
 
@@ -296,9 +295,13 @@ class _FunctionWriter:
     # ------------------------------------------------------------ blocks
 
     def block(self, blk: Block, outer: Scope, root: bool = False) -> list[str]:
-        if "regtile" in blk.tags and not root:
+        if blk.schedule.gpu:
+            raise UnsupportedError(f"block {safe(blk.name)} maps indices to a GPU grid or "
+                                   "threads, which the C backend cannot run",
+                                   hint="compile for a GPU target")
+        if blk.schedule.micro and not root:
             from polytile.codegen import transpose, vector
-            lines = (transpose.emit(self, blk, outer) if "pack" in blk.tags
+            lines = (transpose.emit(self, blk, outer) if blk.schedule.transpose
                      else vector.emit(self, blk, outer))
             if lines is not None:
                 return lines
@@ -318,13 +321,13 @@ class _FunctionWriter:
         jumps_before = self.jumps
         body = self.body(blk, scope, private)
         simd_k = None
-        if "vectorize" in blk.tags and self.options.openmp and space.loops:
+        if blk.schedule.simd and self.options.openmp and space.loops:
             nested = any(isinstance(st, Block) for st in blk.stmts)
             if (not nested and self.jumps == jumps_before
                     and writes_disjoint(space.loops[-1], set(), written)):
                 simd_k = len(space.loops) - 1
             else:
-                notes.append("/* tag vectorize ignored: the inner loop has checks, nested "
+                notes.append("/* schedule simd ignored: the inner loop has checks, nested "
                              "blocks or shared writes */")
         lines = self.loop_nest(space, body, par_k, simd_k, par_target, outer.fail)
         if space.guards:
@@ -360,7 +363,7 @@ class _FunctionWriter:
         """Which loop (position) of a "parallel" block runs its iterations in threads: the
         first whose iterations write disjoint elements (by the views, else exactly)."""
         loops = space.loops
-        if "parallel" not in blk.tags or not self.options.openmp or outer.parallel or not loops:
+        if not blk.schedule.parallel or not self.options.openmp or outer.parallel or not loops:
             return None
         names = {a.terms[0][0]: n for n, a in space.idx.items()
                  if a.terms and len(a.terms) == 1 and a.terms[0][1] == 1 and not a.const}
@@ -368,7 +371,7 @@ class _FunctionWriter:
                   if writes_disjoint(var, set(loops[k + 1:]), written)
                   or polyhedra.writes_disjoint(blk, names[var])), None)
         if k is None:
-            notes.append("/* tag parallel ignored: iterations may write the same element */")
+            notes.append("/* schedule parallel ignored: iterations may write the same element */")
         return k
 
     def loop_nest(self, space: IterationSpace, body: list[str], par_k: int | None,

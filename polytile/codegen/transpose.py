@@ -2,7 +2,7 @@
 loaded along the source's unit-stride index, transposed in registers, stored along
 the destination's.
 
-    block pack_B_panels0 [o:2, a1:53, i:16] #pack #regtile #lanes=16 (
+    block pack_B_panels0 [o:2, a1:53, i:16] #pack schedule(micro, transpose(16)) (
       -i - 16*o + 28 >= 0
       in B <- B[i + 16*o, a1]               (a1 unit-stride in B)
       out P <- P[o, a1, i]                  (i unit-stride in P)
@@ -41,8 +41,7 @@ def _unit_index(ref: Refinement, loops: set[str]) -> str | None:
 
 
 def emit(w: "_FunctionWriter", blk: Block, outer: Scope) -> list[str] | None:
-    lanes = [int(t.split("=", 1)[1]) for t in blk.tags if t.startswith("lanes=")]
-    L = w.vector_lanes or (lanes[0] if lanes else 0)      # the function's vector type
+    L = w.vector_lanes or blk.schedule.transpose          # the function's vector type
     if L not in MASKED_LANES:
         return None
     if len(blk.stmts) != 2 or not isinstance(blk.stmts[0], Load) \

@@ -1,5 +1,5 @@
-"""Vector code for register-tiled leaf blocks (tags `regtile`, `vec=V`, `lanes=L`,
-`unroll=U`), with GCC vector extensions: no hope in the auto-vectorizer.
+"""Vector code for register-tiled leaf blocks (schedule `micro, vector(V, float32, L),
+unroll(U)`), with GCC vector extensions: no hope in the auto-vectorizer.
 
 The block's iteration space splits into
 * V, the vector index: L lanes per vector, all chunks of a parallel V unrolled
@@ -17,7 +17,7 @@ tail masks inactive lanes to the aggregation's identity. A tile cut short by a
 constraint runs the scalar code instead (boundary tiles), so the vector code has
 no guards.
 
-    block [m:8, n:32, k:256] #regtile #vec=n #lanes=16 #unroll=m
+    block [m:8, n:32, k:256] schedule(micro, vector(n, float32, 16), unroll(m))
       ->  pt_vf a0_0 = {0}, ... (8 x 2 accumulators)
           for (k...) { b0 = load(B+..); b1 = ...; a = splat(A[..]); acc += a * b0; ... }
           C[...] += acc ...
@@ -68,16 +68,12 @@ class _Plan:
     vec_bounds: list[tuple[Affine, Affine]] = field(default_factory=list)
 
 
-def _tag(blk: Block, key: str) -> list[str]:
-    return [t.split("=", 1)[1] for t in blk.tags if t.startswith(key + "=")]
-
-
 def plan(blk: Block) -> _Plan | None:
     """The vector plan for a leaf, or None when the scalar code must run instead."""
-    vec, lanes = _tag(blk, "vec"), _tag(blk, "lanes")
-    if not vec or not lanes or any(isinstance(s, Block) for s in blk.stmts):
+    loop = blk.schedule.vector
+    if loop is None or any(isinstance(s, Block) for s in blk.stmts):
         return None
-    vector, n_lanes = vec[0], int(lanes[0])
+    vector, n_lanes = loop.index, loop.lanes
     stores = [s for s in blk.stmts if isinstance(s, Store)]
     if len(stores) != 1 or any(not isinstance(s, (Load, Store, Constant, Intrinsic))
                                and not _step_index(s, blk, vector) for s in blk.stmts):
@@ -113,7 +109,7 @@ def plan(blk: Block) -> _Plan | None:
     if vector not in loops:
         return None
     written = {n for a in out.access for n in a.names}
-    unroll = {u: loops[u] for u in _tag(blk, "unroll") if u in loops and u != vector}
+    unroll = {u: loops[u] for u in blk.schedule.unroll if u in loops and u != vector}
     if any(u not in written for u in unroll):
         return None
     rest = [(n, r) for n, r in loops.items() if n != vector and n not in unroll]
@@ -152,7 +148,7 @@ def emit(w: "_FunctionWriter", blk: Block, outer: Scope) -> list[str] | None:
                 + _versions(w, blk, outer, p, idx, counts, {}))
     full = _full_tile(blk, idx)
     body = _Emitter(w, blk, outer, p, idx).lines()
-    scalar = w.block(replace(blk, tags=blk.tags - {"regtile"}), outer)
+    scalar = w.block(replace(blk, schedule=replace(blk.schedule, micro=False)), outer)
     return ([f"/* block {safe(blk.name)}: vector code for full tiles */", f"if ({full}) {{"]
             + _ind(body) + ["} else {"] + _ind(scalar) + ["}"])
 

@@ -189,6 +189,44 @@ class Special:
     params: tuple[tuple[str, str], ...] = ()
 
 
+# How a GPU backend maps an index (a kind the CPU backends refuse).
+GPU_KINDS = ("grid", "thread")
+
+
+@dataclass(frozen=True)
+class VectorLoop:
+    """An index whose iterations run across the lanes of SIMD vectors of `dtype`."""
+
+    index: str
+    dtype: DType
+    lanes: int
+
+
+@dataclass(frozen=True)
+class BlockSchedule:
+    """How a block's iterations run: decided by passes, recorded here as data, printed
+    by backends (which decide nothing). The default is plain serial loops.
+
+    * micro: the block is a register tile, emitted as a vector micro-kernel
+      (polytile.codegen.vector) with `vector` across lanes and the `unroll` indices
+      unrolled; where that generator cannot take it, as scalar loops;
+    * transpose: a nonzero panel width makes the block a copy emitted with register
+      transposes of that width (polytile.codegen.transpose); set by pass `pack`;
+    * parallel: iterations run in threads (OpenMP), on the outermost loop whose
+      iterations write disjoint elements;
+    * simd: the innermost loop runs as `omp simd`;
+    * gpu: indices mapped to a GPU's grid or threads of a block (GPU_KINDS).
+    """
+
+    micro: bool = False
+    vector: VectorLoop | None = None
+    unroll: tuple[str, ...] = ()
+    transpose: int = 0
+    parallel: bool = False
+    simd: bool = False
+    gpu: tuple[tuple[str, str], ...] = ()
+
+
 @dataclass(frozen=True)
 class Block:
     name: str
@@ -196,8 +234,9 @@ class Block:
     constraints: tuple[Affine, ...] = ()        # each: affine >= 0
     refs: tuple[Refinement, ...] = ()
     stmts: tuple["Statement", ...] = ()
-    tags: frozenset[str] = field(default_factory=frozenset)
+    tags: frozenset[str] = field(default_factory=frozenset)   # hints without semantics
     comment: str = ""
+    schedule: BlockSchedule = field(default_factory=BlockSchedule)
 
     def ref(self, name: str) -> Refinement:
         for r in self.refs:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
+from typing import Any
 
 from polytile import dtypes
 from polytile.dtypes import DType
@@ -21,8 +22,10 @@ from polytile.errors import IRError, Source, SourceLoc
 from polytile.ir.nodes import (
     AGG_OPS,
     DIRECTIONS,
+    GPU_KINDS,
     Affine,
     Block,
+    BlockSchedule,
     Constant,
     Dim,
     Function,
@@ -35,6 +38,7 @@ from polytile.ir.nodes import (
     Statement,
     Store,
     TensorShape,
+    VectorLoop,
 )
 from polytile.lang.cursor import TokenCursor
 
@@ -172,6 +176,7 @@ class _Parser(TokenCursor[_Token]):
         tags = []
         while self.tok.kind == "tag":
             tags.append(self.word("tag", "a tag"))
+        schedule = self.schedule() if self.at_word("schedule") else BlockSchedule()
         self.expect("(")
         constraints: list[Affine] = []
         refs: list[Refinement] = []
@@ -185,7 +190,45 @@ class _Parser(TokenCursor[_Token]):
         while not self.accept("}"):
             stmts.append(self.statement())
         return Block(name, idxs, tuple(constraints), tuple(refs), tuple(stmts),
-                     frozenset(tags), comment)
+                     frozenset(tags), comment, schedule)
+
+    def schedule(self) -> BlockSchedule:
+        """`schedule(item, ...)`, as polytile.ir.printer.format_schedule writes it."""
+        self.expect_word("schedule")
+        self.expect("(")
+        fields: dict[str, Any] = {}
+        gpu: list[tuple[str, str]] = []
+        self.listed(")", lambda: self.schedule_item(fields, gpu))
+        return BlockSchedule(**fields, gpu=tuple(gpu))
+
+    def schedule_item(self, fields: dict[str, Any], gpu: list[tuple[str, str]]) -> None:
+        item = self.advance()
+        word = item.text
+        if word in ("micro", "parallel", "simd"):
+            fields[word] = True
+        elif word == "vector":
+            self.expect("(")
+            index = self.name("the vector index")
+            self.expect(",")
+            dtype = self.dtype()
+            self.expect(",")
+            fields["vector"] = VectorLoop(index, dtype, self.integer("the lanes"))
+            self.expect(")")
+        elif word == "unroll":
+            self.expect("(")
+            fields["unroll"] = self.listed(")", lambda: self.name("an index"))
+        elif word == "transpose":
+            self.expect("(")
+            fields["transpose"] = self.integer("the panel width")
+            self.expect(")")
+        elif word in GPU_KINDS:
+            self.expect("(")
+            gpu.append((self.name("an index"), word))
+            self.expect(")")
+        else:
+            raise IRError(f"unknown schedule item {word!r}", item.loc,
+                          "items: micro, vector(i, dtype, lanes), unroll(i, ...), "
+                          "transpose(width), parallel, simd, grid(i), thread(i)")
 
     def comment(self) -> str:
         lines = []

@@ -21,7 +21,9 @@ One construct per line, two spaces of indentation per nesting level:
     }
 
 A block header lists its indices (`i:10` iterates, `i = 4*i1 + 2` is passed in
-from the parent with range 1), its tags, then, inside `( )`, its constraints
+from the parent with range 1), its tags, its schedule when it has one
+(`schedule(micro, vector(j, float32, 16), unroll(i), transpose(16), parallel, simd,
+grid(i), thread(j))`, see `BlockSchedule`), then, inside `( )`, its constraints
 (`expr >= 0`) and its refinements:
 `dir name <- parent[access] dtype(size:stride, ...)[:agg][ @location]`
 (top-level buffers and local allocations have no `<- parent`). A load with
@@ -39,6 +41,7 @@ import numpy as np
 from polytile.ir.nodes import (
     Affine,
     Block,
+    BlockSchedule,
     Constant,
     Function,
     Index,
@@ -128,6 +131,19 @@ def _word(text: str) -> str:
     return text if BARE_WORD.match(text) else json.dumps(text)
 
 
+def format_schedule(s: BlockSchedule) -> str:
+    items = ["micro"] if s.micro else []
+    if s.vector is not None:
+        items.append(f"vector({s.vector.index}, {s.vector.dtype}, {s.vector.lanes})")
+    if s.unroll:
+        items.append(f"unroll({', '.join(s.unroll)})")
+    if s.transpose:
+        items.append(f"transpose({s.transpose})")
+    items += [flag for flag, on in (("parallel", s.parallel), ("simd", s.simd)) if on]
+    items += [f"{kind}({index})" for index, kind in s.gpu]
+    return f"schedule({', '.join(items)})"
+
+
 def _block_lines(block: Block, depth: int) -> list[str]:
     pad = INDENT * depth
     lines = [f"{pad}//{' ' + line if line else ''}" for line in block.comment.split("\n")] \
@@ -137,6 +153,8 @@ def _block_lines(block: Block, depth: int) -> list[str]:
         head += f" [{', '.join(format_index(i) for i in block.idxs)}]"
     for tag in sorted(block.tags):
         head += f" #{_word(tag)}"
+    if block.schedule != BlockSchedule():
+        head += f" {format_schedule(block.schedule)}"
     inner = INDENT * (depth + 1)
     header_items = [format_constraint(c) for c in block.constraints] + \
         [format_refinement(r) for r in block.refs]

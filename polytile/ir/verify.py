@@ -25,10 +25,19 @@ constraints included, see `polytile.ir.polyhedra`):
 * no iteration reads an element that another iteration of the same block writes
   (Definition 2.2: iterations share data only through the aggregation).
 Local allocations are private to each iteration of their block, so they are exempt.
+
+Schedules (`BlockSchedule`), which passes decide and backends print:
+
+* vector, unrolled and GPU-mapped indices are the block's own loops, each mapped once;
+  a vector index moves every view that depends on it by one element (vectors are
+  contiguous), its lanes are a power of two, and with `target` at most what one of
+  the target's registers holds of its dtype;
+* a parallel block has a loop whose iterations write disjoint elements (isl).
 """
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING
 
 from polytile import dtypes
 from polytile.errors import IRError
@@ -36,6 +45,7 @@ from polytile.ir import intrinsics, polyhedra
 from polytile.ir.nodes import (
     AGG_OPS,
     DIRECTIONS,
+    GPU_KINDS,
     Affine,
     Block,
     Constant,
@@ -46,17 +56,22 @@ from polytile.ir.nodes import (
     Refinement,
     Special,
     Store,
+    VectorLoop,
 )
 from polytile.ir.parser import NAME
 from polytile.ir.polyhedra import READ, WRITE, Conj, Scope
 
+if TYPE_CHECKING:       # the IR depends on no target; a caller may pass one to check
+    from polytile.targets.target import Target
+
 WRITES = ("out", "inout")
 
 
-def verify(fn: Function) -> None:
-    """Raise `IRError` naming the block and buffer of the first rule `fn` breaks."""
+def verify(fn: Function, target: Target | None = None) -> None:
+    """Raise `IRError` naming the block and buffer of the first rule `fn` breaks
+    (vector widths are checked against `target` when one is given)."""
     _check_params(fn)
-    _check_block(fn.body, None, fn.body.name)
+    _check_block(fn.body, None, fn.body.name, target)
     _check_sets(Scope.root(fn.body), None)
 
 
@@ -76,7 +91,8 @@ def _check_params(fn: Function) -> None:
 
 # ---------------------------------------------------------------- scopes and types
 
-def _check_block(block: Block, parent: Block | None, path: str) -> None:
+def _check_block(block: Block, parent: Block | None, path: str,
+                 target: Target | None = None) -> None:
     _check_names(path, "block", [block.name])
     _check_names(path, "index", [i.name for i in block.idxs])
     _check_names(path, "refinement", [r.into for r in block.refs])
@@ -97,9 +113,53 @@ def _check_block(block: Block, parent: Block | None, path: str) -> None:
     for ref in block.refs:
         _check_refinement(ref, block, parent, path)
     _check_statements(block, path)
+    _check_schedule(block, path, target)
     for stmt in block.stmts:
         if isinstance(stmt, Block):
-            _check_block(stmt, block, f"{path}/{stmt.name}")
+            _check_block(stmt, block, f"{path}/{stmt.name}", target)
+
+
+def _check_schedule(block: Block, path: str, target: Target | None) -> None:
+    s = block.schedule
+    loops = {i.name for i in block.idxs if i.affine is None}
+    mapped = list(s.unroll) + [index for index, _ in s.gpu]
+    if s.vector is not None:
+        mapped.append(s.vector.index)
+    for name in mapped:
+        if name not in loops:
+            raise _fail(path, f"the schedule maps {name}, which is not a loop of the block")
+    if len(set(mapped)) != len(mapped):
+        raise _fail(path, f"the schedule maps an index twice: {mapped}")
+    if any(kind not in GPU_KINDS for _, kind in s.gpu) or s.transpose < 0:
+        raise _fail(path, "the schedule has an unknown GPU kind or a negative transpose width")
+    if s.vector is not None:
+        _check_vector(block, s.vector, path, target)
+    if s.parallel and loops and not any(polyhedra.writes_disjoint(block, i) for i in loops):
+        raise _fail(path, "the schedule runs iterations in parallel, but every loop's "
+                          "iterations may write the same element")
+
+
+def _check_vector(block: Block, vector: VectorLoop, path: str, target: Target | None) -> None:
+    lanes = vector.lanes
+    if lanes < 1 or lanes & (lanes - 1):
+        raise _fail(path, f"vector lanes {lanes} is not a power of two")
+    if target is not None and lanes * max(1, vector.dtype.bits // 8) > target.vector_bytes:
+        raise _fail(path, f"{lanes} lanes of {vector.dtype} are wider than the "
+                          f"{target.vector_bytes}-byte vectors of target {target.name}")
+    if not moves_contiguously(block, vector.index):
+        raise _fail(path, f"vector index {vector.index} does not move every view that depends "
+                          "on it by one element", "vectors are loaded and stored contiguously")
+
+
+def moves_contiguously(block: Block, index: str) -> bool:
+    """Whether every view of `block` that depends on `index` moves by one element per
+    step of it: the condition for running `index` across vector lanes."""
+    for ref in block.refs:
+        moves = [(a.coeff(index), d.stride) for a, d in zip(ref.access, ref.shape.dims)
+                 if a.coeff(index)]
+        if moves and moves != [(1, 1)]:
+            return False
+    return True
 
 
 def _check_names(path: str, what: str, names: list[str]) -> None:

@@ -15,9 +15,9 @@ For every leaf kernel block:
    footprint fits half of L2 and the outer loop keeps every core busy
    (coordinate descent over multiples of the register tile).
 
-    block s1 [i0:128, i1:32, i2:256] #contraction     ->   block s1 [i0_c:2, i1_c:1] #tiled #parallel
-      out o0[i0, i1]:add  in p0[i0, i2]  in p1[i1, i2]        block s1_tile [i0_r:..] #regtiles
-                                                                 block [i0:4, i1:4, i2:256] #regtile #vec=i2
+    block s1 [i0:128, i1:32, i2:256] #contraction  ->  block s1 [i0_c:2, i1_c:1] schedule(parallel)
+      out o0[i0, i1]:add  in p0[i0, i2]  in p1[i1, i2]     block s1_tile [i0_r:..] #regtiles
+                              block [i0:4, i1:4, i2:256] schedule(micro, vector(i2, float32, 8), unroll(i0, i1))
 """
 from __future__ import annotations
 
@@ -291,9 +291,9 @@ def _schedule_fused(block: N.Block, target: Target, given: dict[str, Schedule]) 
             m = apply_schedule(m, schedule, block)
         members.append(m)
     rows = math.prod(i.range for i in block.idxs if i.affine is None)
-    tags = block.tags | ({"parallel"} if rows >= 2 and rows * work >= PARALLEL_MIN_WORK
-                         else set())
-    return replace(block, stmts=tuple(members), tags=frozenset(tags))
+    parallel = rows >= 2 and rows * work >= PARALLEL_MIN_WORK
+    return replace(block, stmts=tuple(members),
+                   schedule=replace(block.schedule, parallel=block.schedule.parallel or parallel))
 
 
 register("autotile", autotile, schedules=_schedules)

@@ -179,7 +179,7 @@ class _Copy:
             self.shape.dtype, tuple(N.Dim(1, x.stride) for x in self.shape.dims)))
         stmts = (N.Load("$x", source.into), N.Store(name, "$x"))
         return N.Block(f"pack_{name}", idxs, constraints, (src, dst), stmts,
-                       frozenset({"kernel", "pack", f"lanes={lanes}"}))
+                       frozenset({"kernel", "pack"}), schedule=N.BlockSchedule(transpose=lanes))
 
 
 def split_index(block: N.Block, name: str, width: int) -> N.Block:

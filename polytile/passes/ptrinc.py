@@ -177,7 +177,7 @@ class Settings:
 def rewrite_kernel(block: N.Block, settings: Settings, taken: set[str]) -> Rewrite | None:
     """The rewrite of a leaf contraction `block`, or None where it does not apply or pay.
     `taken` holds the names already used in the holding block (for the tables)."""
-    if (block.constraints or "kernel" not in block.tags or "regtile" in block.tags
+    if (block.constraints or "kernel" not in block.tags or block.schedule.micro
             or any(isinstance(s, (N.Block, N.Special)) for s in block.stmts)):
         return None
     if any(i.range < 1 for i in block.idxs if i.affine is None):

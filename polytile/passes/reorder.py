@@ -2,7 +2,7 @@
 
 A Stripe block's iterations are independent (they meet only through aggregation), so
 its loop order is free; the C generator emits loops in index order. For each leaf
-kernel block that the vector generator does not take (no `vec=` tag: integer code,
+kernel block that the vector generator does not take (no vector in its schedule: integer code,
 gathers, copies, targets without vectors), the loops are sorted by the stride each
 index has in the block's views, largest first, so that the innermost loop walks
 memory with stride one. Of equal strides, a parallel index goes inside a reduction
@@ -51,9 +51,9 @@ def reorder_block(block: N.Block) -> N.Block:
 
 
 def _scalar_leaf(s: N.Block) -> bool:
-    return (("kernel" in s.tags or "regtile" in s.tags)
+    return (("kernel" in s.tags or s.schedule.micro)
             and not any(isinstance(x, N.Block) for x in s.stmts)
-            and not any(t.startswith("vec=") for t in s.tags))
+            and s.schedule.vector is None)
 
 
 def _walk(block: N.Block) -> N.Block:

@@ -1,20 +1,25 @@
 """A kernel block's schedule: every decision the CPU passes make, as one value.
 
 The heuristics (`polytile.passes.autotile`) compute a default; the autotuner
-replaces it. `apply_schedule` rewrites the block accordingly:
+replaces it. `apply_schedule` rewrites the block accordingly and records the result
+as typed data on the blocks (`polytile.ir.nodes.BlockSchedule`), which the code
+generator prints:
 
-    block s [m:M, n:N, k:K]          block s [m_t, n_t, k_t] #tiled #parallel    (cache tiles)
-                               ->      block s_tile [m_t2, n_t2, ...]            (register tiles)
-                                         block s_tile_tile [m:mr, n:VL*W, k:kc] #regtile
-                                                           #vec=n #unroll=m       (micro-kernel)
+    block s [m:M, n:N, k:K]     block s [m_c, n_c, k_c] #tiled schedule(parallel)  (cache tiles)
+                          ->      block s_tile [m_r, n_r, ...] #regtiles            (register tiles)
+                                    block s_tile_tile [m:mr, n:VL*W, k:kc]
+                                      schedule(micro, vector(n, float32, VL), unroll(m))
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
 
+from polytile import dtypes
+from polytile.dtypes import DType
 from polytile.errors import ArgumentError
 from polytile.ir import nodes as N
+from polytile.ir.verify import moves_contiguously
 from polytile.passes.tile import tile
 from polytile.targets.target import Target
 
@@ -105,10 +110,11 @@ def apply_schedule(block: N.Block, schedule: Schedule, parent: N.Block) -> N.Blo
     if cache:
         result = _ordered(tile(block, cache, _sizes(parent), suffix="_c"), schedule.order)
         inner_path = [0]
-    leaf_tags = {"regtile"}
+    leaf = N.BlockSchedule(micro=True)
     if schedule.vector is not None:
-        leaf_tags |= {f"vec={schedule.vector}", f"lanes={schedule.lanes}"}
-        leaf_tags |= {f"unroll={k}" for k, _ in schedule.unroll}
+        leaf = replace(leaf, vector=N.VectorLoop(schedule.vector, _element_type(block),
+                                                 schedule.lanes),
+                       unroll=tuple(k for k, _ in schedule.unroll))
     register = dict(schedule.unroll)
     inner = _at(result, inner_path)
     inner_ranges = {i.name: i.range for i in inner.idxs if i.affine is None}
@@ -120,15 +126,31 @@ def apply_schedule(block: N.Block, schedule: Schedule, parent: N.Block) -> N.Blo
         tiled_inner = tile(inner, register, _sizes(holder), suffix="_r",
                            outer_tags=frozenset({"regtiles"}))
         tiled_inner = _vector_tiles_first(tiled_inner, schedule.vector)
-        leaf = tiled_inner.stmts[0]
-        assert isinstance(leaf, N.Block)
-        tiled_inner = replace(tiled_inner, stmts=(replace(leaf, tags=leaf.tags | leaf_tags),))
+        kernel = tiled_inner.stmts[0]
+        assert isinstance(kernel, N.Block)
+        tiled_inner = replace(tiled_inner, stmts=(_scheduled(kernel, leaf),))
         result = _replace_at(result, inner_path, tiled_inner)
     else:
-        result = _replace_at(result, inner_path, replace(inner, tags=inner.tags | leaf_tags))
+        result = _replace_at(result, inner_path, _scheduled(inner, leaf))
     if schedule.parallel and cache and any(_is_parallel(block, k) for k in cache):
-        result = replace(result, tags=result.tags | {"parallel"})
+        result = replace(result, schedule=replace(result.schedule, parallel=True))
     return result
+
+
+def _scheduled(block: N.Block, leaf: N.BlockSchedule) -> N.Block:
+    """The leaf's register-tile schedule, keeping what an earlier pass recorded (the
+    transpose width of a pack copy). A vector index that does not move every view by
+    one element (a tuner or a caller may ask for one) is not recorded: the block then
+    runs as scalar code."""
+    if leaf.vector is not None and not moves_contiguously(block, leaf.vector.index):
+        leaf = replace(leaf, vector=None, unroll=())
+    return replace(block, schedule=replace(leaf, transpose=block.schedule.transpose))
+
+
+def _element_type(block: N.Block) -> DType:
+    """The element type the block's vectors hold: its output's."""
+    out = next((r for r in block.refs if r.dir in ("out", "inout")), None)
+    return out.shape.dtype if out is not None else dtypes.FLOAT32
 
 
 def _ordered(tiled: N.Block, order: tuple[str, ...]) -> N.Block:

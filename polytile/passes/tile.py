@@ -107,7 +107,8 @@ def tile(block: N.Block, sizes: Mapping[str, int], parent_sizes: Mapping[str, tu
     inner_idxs += tuple(N.Index(p.name, 1, N.Affine.index(p.name)) for p in passed)
     inner = N.Block(block.name + "_tile", inner_idxs, tuple(constraints), tuple(inner_refs),
                     substitute_local(block.stmts, split),
-                    block.tags if inner_tags is None else inner_tags)
+                    block.tags if inner_tags is None else inner_tags,
+                    schedule=block.schedule)    # the tile's iterations run as the block's did
     outer_idxs = tuple(N.Index(outer_name[i.name], -(-i.range // tiled[i.name]))
                        for i in loops if i.name in tiled) + tuple(passed)
     return N.Block(block.name, outer_idxs, (), tuple(outer_refs), (inner,),

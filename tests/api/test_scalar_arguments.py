@@ -47,7 +47,7 @@ def test_bad_float_scalar_is_refused_before_and_after_warm_up(value: Any,
         fs(value, V)
 
 
-@pytest.mark.parametrize("value", BAD + [0.5, float("nan"), 2**40, -(2**31) - 1],
+@pytest.mark.parametrize("value", BAD + [0.5, float("nan"), float("inf"), 2**40, -(2**31) - 1],
                          ids=repr)
 def test_bad_integer_scalar_is_refused_before_and_after_warm_up(value: Any,
                                                                module: pt.Module) -> None:

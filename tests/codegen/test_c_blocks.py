@@ -10,10 +10,13 @@ from polytile import dtypes as D
 from polytile.codegen import COptions, generate_c
 from polytile.errors import IRError, UnsupportedError
 from polytile.ir import interp
-from polytile.ir.nodes import Block, Constant, Function, Index, Intrinsic, Load, Special, Store
+from polytile.ir.nodes import (Block, BlockSchedule, Constant, Function, Index, Intrinsic, Load,
+                                Special, Store)
 
 pytestmark = needs_cc
 RNG = np.random.default_rng(7)
+PARALLEL = BlockSchedule(parallel=True)
+PARALLEL_SIMD = BlockSchedule(parallel=True, simd=True)
 
 
 def elementwise_add(m: int, n: int, b_strides: tuple[int, int] | None = None) -> Function:
@@ -24,7 +27,7 @@ def elementwise_add(m: int, n: int, b_strides: tuple[int, int] | None = None) ->
                  (view(a, "a", ("i", "j")), view(b, "b", ("i", "j")),
                   view(c, "c", ("i", "j"), "out")),
                  (Load("$a", "a"), Load("$b", "b"), Intrinsic("add", ("$a", "$b"), "$s", D.FLOAT32),
-                  Store("c", "$s")), frozenset({"parallel", "vectorize"}))
+                  Store("c", "$s")), schedule=PARALLEL_SIMD)
     return Function("add", ("A", "B", "C"), Block("main", refs=(a, b, c), stmts=(body,)))
 
 
@@ -58,7 +61,7 @@ def matmul(m: int, k: int, n: int, dtype=D.FLOAT32, order=("i", "k", "j")) -> Fu
                 (view(a, "a", ("i", "k")), view(b, "b", ("k", "j")),
                  view(c, "c", ("i", "j"), "out", "add")),
                 (Load("$a", "a"), Load("$b", "b"), Intrinsic("mul", ("$a", "$b"), "$p", dtype),
-                 Store("c", "$p")), frozenset({"parallel", "vectorize"}))
+                 Store("c", "$p")), schedule=PARALLEL_SIMD)
     return Function("matmul", ("A", "B", "C"), Block("main", refs=(a, b, c), stmts=(init, acc)))
 
 
@@ -78,7 +81,7 @@ def test_parallel_tag_only_on_loops_with_disjoint_writes(tmp_path):
     assert "#pragma omp simd" in text                        # j, innermost, writes distinct C
     # With k innermost, every k writes the same C(i, j): no simd.
     text = generate_c(matmul(13, 7, 11, order=("i", "j", "k"))).text
-    assert "#pragma omp simd" not in text and "tag vectorize ignored" in text
+    assert "#pragma omp simd" not in text and "simd ignored" in text
     # With k outermost, no loop before i can be split across threads.
     text = generate_c(matmul(13, 7, 11, order=("k", "i", "j"))).text
     assert "#pragma omp parallel for" in text                 # the i loop, inside k
@@ -100,7 +103,7 @@ def reduction(op: str, rows: int, cols: int, dtype=D.FLOAT32, init: float = 0.0)
                   (Constant("$v", init, dtype), Store("y", "$v")))
     red = Block("red", (Index("i", rows), Index("k", cols)), (),
                 (view(x, "x", ("i", "k")), view(y, "y", ("i",), "out", op)),
-                (Load("$x", "x"), Store("y", "$x")), frozenset({"parallel"}))
+                (Load("$x", "x"), Store("y", "$x")), schedule=PARALLEL)
     return Function(f"reduce_{op}", ("X", "Y"), Block("main", refs=(x, y), stmts=(start, red)))
 
 
@@ -159,7 +162,7 @@ def tiled_matmul(m: int, k: int, n: int, tile: int) -> Function:
         (view(a, "At", (aff({"io": tile}), 0), sizes=(tile, k)),
          view(b, "Bt", (0, aff({"jo": tile})), sizes=(k, tile)),
          view(c, "Ct", (aff({"io": tile}), aff({"jo": tile})), "out", "add", (tile, tile))),
-        (inner,), frozenset({"parallel"}))
+        (inner,), schedule=PARALLEL)
     main = Block("main", refs=(a, b, c), stmts=(Special("zero", (), ("C",)), outer))
     return Function("tiled_matmul", ("A", "B", "C"), main)
 
@@ -216,11 +219,11 @@ def row_normalize(rows: int, cols: int) -> Function:
                  (Constant("$z", 0.0, D.FLOAT32), Store("t", "$z")))
     sums = Block("t_sum", (Index("i", rows), Index("k", cols)), (),
                  (view(x, "x", ("i", "k")), view(t, "t", ("i",), "out", "add")),
-                 (Load("$x", "x"), Store("t", "$x")), frozenset({"parallel"}))
+                 (Load("$x", "x"), Store("t", "$x")), schedule=PARALLEL)
     div = Block("y", (Index("i", rows), Index("j", cols)), (),
                 (view(x, "x", ("i", "j")), view(t, "t", ("i",)), view(y, "y", ("i", "j"), "out")),
                 (Load("$x", "x"), Load("$t", "t"), Intrinsic("div", ("$x", "$t"), "$q", D.FLOAT32),
-                 Store("y", "$q")), frozenset({"parallel", "vectorize"}))
+                 Store("y", "$q")), schedule=PARALLEL_SIMD)
     return Function("row_normalize", ("X", "Y"),
                     Block("main", refs=(x, y, t), stmts=(zero, sums, div)))
 
@@ -251,7 +254,7 @@ def per_row_local(rows: int, cols: int) -> Function:
                 (xr, view(y, "y", ("i",), "out"), acc),
                 (Constant("$z", 0.0, D.FLOAT32), Store("acc", "$z"), child, Load("$s", "acc"),
                  Constant("$two", 2.0, D.FLOAT32), Intrinsic("mul", ("$s", "$two"), "$r", D.FLOAT32),
-                 Store("y", "$r")), frozenset({"parallel"}))
+                 Store("y", "$r")), schedule=PARALLEL)
     return Function("row_sums", ("X", "Y"), Block("main", refs=(x, y), stmts=(row,)))
 
 

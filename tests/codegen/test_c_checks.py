@@ -10,13 +10,13 @@ from polytile import dtypes as D
 from polytile.codegen import ERR_INDEX, ERR_NOMEM, COptions, generate_c, kernel_error
 from polytile.errors import KernelError
 from polytile.ir import interp
-from polytile.ir.nodes import Block, Function, Index, Intrinsic, Load, Store
+from polytile.ir.nodes import Block, BlockSchedule, Function, Index, Intrinsic, Load, Store
 
 pytestmark = needs_cc
 RNG = np.random.default_rng(5)
 
 
-def gather(p: int, n: int, index_dtype=D.INT32, tags=frozenset()) -> Function:
+def gather(p: int, n: int, index_dtype=D.INT32, parallel: bool = False) -> Function:
     """Y(i) = A(I(i)) * 2."""
     a, idx, y = (param("in", "A", D.FLOAT32, (p,)), param("in", "I", index_dtype, (n,)),
                  param("out", "Y", D.FLOAT32, (n,)))
@@ -24,17 +24,18 @@ def gather(p: int, n: int, index_dtype=D.INT32, tags=frozenset()) -> Function:
                 (view(idx, "ix", ("i",)), view(a, "a", (0,), sizes=(p,)),
                  view(y, "y", ("i",), "out")),
                 (Load("$k", "ix"), Load("$a", "a", ("$k",)),
-                 Intrinsic("add", ("$a", "$a"), "$r", D.FLOAT32), Store("y", "$r")), tags)
+                 Intrinsic("add", ("$a", "$a"), "$r", D.FLOAT32), Store("y", "$r")),
+                schedule=BlockSchedule(parallel=parallel))
     return Function("gather", ("A", "I", "Y"), Block("main", refs=(a, idx, y), stmts=(blk,)))
 
 
-@pytest.mark.parametrize("tags", [frozenset(), frozenset({"parallel"})], ids=["seq", "omp"])
+@pytest.mark.parametrize("parallel", [False, True], ids=["seq", "omp"])
 @pytest.mark.parametrize("index_dtype", [D.INT32, D.INT64, D.UINT8], ids=str)
-def test_gather_in_range_and_out_of_range(tmp_path, tags, index_dtype):
+def test_gather_in_range_and_out_of_range(tmp_path, parallel, index_dtype):
     p, n = 7, 101
-    fn = gather(p, n, index_dtype, tags)
+    fn = gather(p, n, index_dtype, parallel)
     kernel = CKernel(fn, tmp_path)
-    assert ("#pragma omp parallel for" in kernel.source.text) == bool(tags)
+    assert ("#pragma omp parallel for" in kernel.source.text) == parallel
     a = rand(RNG, np.float32, (p,))
     good = RNG.integers(0, p, n).astype(index_dtype.numpy)
     y = np.zeros(n, np.float32)
@@ -60,7 +61,7 @@ def test_gather_in_range_and_out_of_range(tmp_path, tags, index_dtype):
 
 def test_all_bad_indices_in_parallel_report_one_of_them(tmp_path):
     p, n = 3, 997
-    kernel = CKernel(gather(p, n, D.INT32, frozenset({"parallel"})), tmp_path)
+    kernel = CKernel(gather(p, n, D.INT32, True), tmp_path)
     bad = np.arange(n, dtype=np.int32) + p
     status, err = kernel(rand(RNG, np.float32, (p,)), bad, np.zeros(n, np.float32))
     assert status == ERR_INDEX and err[:3] == (ERR_INDEX, 0, 0) and p <= err[3] < p + n
@@ -143,7 +144,7 @@ def test_checks_inside_heap_scope_inside_parallel_loop(tmp_path):
                 (view(idx, "ix", ("i",)), view(a, "a", (0,), sizes=(p,)),
                  view(y, "y", ("i",), "out"), t),
                 (Load("$k", "ix"), Load("$a", "a", ("$k",)), Store("T", "$a"), Load("$t", "T"),
-                 Store("y", "$t")), frozenset({"parallel"}))
+                 Store("y", "$t")), schedule=BlockSchedule(parallel=True))
     fn = Function("g", ("A", "I", "Y"), Block("main", refs=(a, idx, y), stmts=(blk,)))
     kernel = CKernel(fn, tmp_path, COptions(stack_bytes=0))
     assert "pt_bad_" in kernel.source.text and "#pragma omp parallel for" in kernel.source.text

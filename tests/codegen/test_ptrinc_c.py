@@ -20,6 +20,7 @@ import polytile as pt
 from polytile.codegen import ERR_INDEX
 from polytile.codegen.c import COptions, generate_c
 from polytile.ir import interp
+from polytile.dtypes import FLOAT32
 from polytile.ir import nodes as N
 from polytile.ir.parser import parse_function
 from polytile.ir.printer import format_function
@@ -124,19 +125,22 @@ def test_out_of_range_shift_raises_like_without_the_pass(enabled: bool, which: s
     assert_agrees(mod.shiftconv(*good, out=out), _shift_conv(*good), 1e-5, "after the error")
 
 
-def pointer_increments(tags: frozenset[str]) -> N.Function:
+def pointer_increments(schedule: N.BlockSchedule) -> N.Function:
     fn = parse_function((GOLDEN / "pointer_increments.ir").read_text())
-    stmts = tuple(replace(s, tags=s.tags | tags) if isinstance(s, N.Block) and s.name == "kernel"
-                  else s for s in fn.body.stmts)
+    stmts = tuple(replace(s, schedule=schedule)
+                  if isinstance(s, N.Block) and s.name == "kernel" else s for s in fn.body.stmts)
     return replace(fn, body=replace(fn.body, stmts=stmts))
 
 
-@pytest.mark.parametrize("tags", [frozenset(), frozenset({"regtile", "vec=i", "lanes=4"})],
-                         ids=["scalar", "vector"])
-def test_hand_written_table_matches_the_interpreter(tmp_path: Any, tags: frozenset[str]) -> None:
-    fn = pointer_increments(tags)
+VECTOR = N.BlockSchedule(micro=True, vector=N.VectorLoop("i", FLOAT32, 4))
+
+
+@pytest.mark.parametrize("schedule", [N.BlockSchedule(), VECTOR], ids=["scalar", "vector"])
+def test_hand_written_table_matches_the_interpreter(tmp_path: Any,
+                                                    schedule: N.BlockSchedule) -> None:
+    fn = pointer_increments(schedule)
     kernel = CKernel(fn, tmp_path)
-    assert ("vector" in kernel.source.text) == bool(tags)
+    assert ("vector" in kernel.source.text) == (schedule == VECTOR)
     rng = np.random.default_rng(8)
     x, w = rng.standard_normal(9).astype(np.float32), rng.standard_normal(3).astype(np.float32)
     s = np.array([3, 0, 2], np.int32)

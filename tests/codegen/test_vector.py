@@ -11,7 +11,7 @@ cpu-generic (`define(src, target=...)`):
 * partial vectors (rows of width 14 in a convolution and in elementwise code);
 * boundary register tiles (sizes 1, 17, 37, 45, 67 against tiles of 4-16 x 8-32).
 
-Every kernel is checked to run vector code (the leaf's `vec=` tag and the vector
+Every kernel is checked to run vector code (the leaf's schedule vector and the vector
 block in the C); the sizes after the first stress remainders.
 """
 from __future__ import annotations
@@ -169,9 +169,8 @@ def leaves(b: N.Block) -> list[N.Block]:
 def vector_leaves(ir: N.Function) -> list[tuple[N.Block, str]]:
     found = []
     for leaf in leaves(ir.body):
-        vec = [t.split("=", 1)[1] for t in leaf.tags if t.startswith("vec=")]
-        if vec:
-            found.append((leaf, vec[0]))
+        if leaf.schedule.vector is not None:
+            found.append((leaf, leaf.schedule.vector.index))
     return found
 
 
@@ -210,11 +209,10 @@ def check_vector_code(kernel: Kernel, mod: pt.Module, fn: Any, args: tuple) -> N
     shapes = {p.name: a.shape for p, a in zip(fn.fn.params, args) if p.kind == "input"}
     ir = mod.compiler.ir(specialize(fn.fn, shapes, {}))
     found = vector_leaves(ir)
-    assert found, f"{kernel.name}: no leaf block is tagged for vector code on {target.name}"
+    assert found, f"{kernel.name}: no leaf block is scheduled for vector code on {target.name}"
     kinds = {_is_reduction(leaf, index) for leaf, index in found}
     assert (kernel.vector == "reduction") in kinds, (kernel.name, target.name, kinds)
-    lanes = {int(t.split("=")[1]) for leaf, _ in found for t in leaf.tags
-             if t.startswith("lanes=")}
+    lanes = {leaf.schedule.vector.lanes for leaf, _ in found if leaf.schedule.vector}
     assert lanes == {LANES[target.name]}, (kernel.name, target.name, lanes)
     text = generate_c(ir, COptions(symbol="polytile_kernel")).text
     assert ": vector" in text, f"{kernel.name} on {target.name}: the C has no vector block"

@@ -130,9 +130,10 @@ def check_same_results(ir: N.Function, call: Call, tolerance: float, what: str) 
         assert_agrees(g, w, tolerance, f"{what}: output {name}")
 
 
-def check_ir(ir: N.Function, call: Call, tolerance: float, what: str) -> None:
+def check_ir(ir: N.Function, call: Call, tolerance: float, what: str,
+             on: Target | None = None) -> None:
     check_text_round_trip(ir)
-    verify(ir)
+    verify(ir, on)
     check_same_results(ir, call, tolerance, what)
 
 
@@ -160,7 +161,7 @@ def _optimized_params() -> list[Any]:
 def test_optimized_ir(case: Case, target_name: str) -> None:
     call = case_call(case)
     ir = optimized(call, target_name)
-    check_ir(ir, call, case.tolerance, f"{case.name} on {target_name}")
+    check_ir(ir, call, case.tolerance, f"{case.name} on {target_name}", target(target_name))
     # Other data through the same IR (the specialization depends on shapes only,
     # except for integer scalars, which seed 0 fixed).
     again = case_call(case, 2)

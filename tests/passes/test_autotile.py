@@ -86,8 +86,8 @@ def softmax(float(N,C) X) -> (Y) {
     before = fuse(lowered(softmax, {"X": (7, 45)}), t, {})
     after = autotile(before, t, {})
     (fused,) = [s for s in after.body.stmts if isinstance(s, N.Block)]
-    assert "fused" in fused.tags and "parallel" not in fused.tags
-    assert any(t.startswith("vec=") for leaf in leaves(fused) for t in leaf.tags)
+    assert "fused" in fused.tags and not fused.schedule.parallel
+    assert any(leaf.schedule.vector is not None for leaf in leaves(fused))
     check_pass(f"autotile_fused_softmax_{target_name}", before, after)
 
 

@@ -3,6 +3,7 @@ smallest stride innermost, and a parallel index inside a reduction of equal stri
 Golden text before and after, and the same results from the IR interpreter."""
 from __future__ import annotations
 
+from polytile.dtypes import INT32
 from polytile.ir import nodes as N
 from polytile.passes.reorder import reorder
 
@@ -38,6 +39,7 @@ def test_disabled_and_vector_blocks_untouched() -> None:
     s0 = block(fn, "s0")
     tagged = N.Function(fn.name, fn.params, N.Block(
         fn.body.name, fn.body.idxs, fn.body.constraints, fn.body.refs,
-        (N.Block(s0.name, s0.idxs, s0.constraints, s0.refs, s0.stmts,
-                 s0.tags | {"vec=j"}),), fn.body.tags))
+        (N.Block(s0.name, s0.idxs, s0.constraints, s0.refs, s0.stmts, s0.tags,
+                 schedule=N.BlockSchedule(micro=True,
+                                          vector=N.VectorLoop("j", INT32, 8))),), fn.body.tags))
     assert reorder(tagged, GENERIC, {}) == tagged

@@ -3,6 +3,7 @@ the leaf tagged for the vector code generator; golden text before and after, and
 same results from the IR interpreter on random data at sizes the tiles do not divide."""
 from __future__ import annotations
 
+from polytile.dtypes import FLOAT32
 from polytile.ir import nodes as N
 from polytile.passes.schedule import Schedule, apply_schedule
 
@@ -37,9 +38,10 @@ def test_outer_product_schedule_for_matmul() -> None:
                         tiles=(("k", 8), ("m", 8), ("n", 32)), parallel=True)
     after = scheduled(before, "s0", schedule)
     outer = block(after, "s0")
-    assert {"tiled", "parallel"} <= outer.tags
+    assert "tiled" in outer.tags and outer.schedule.parallel
     (leaf,) = leaves(outer)
-    assert {"regtile", "vec=n", "lanes=8", "unroll=m"} <= leaf.tags
+    assert leaf.schedule == N.BlockSchedule(micro=True, vector=N.VectorLoop("n", FLOAT32, 8),
+                                            unroll=("m",))
     assert {i.name: i.range for i in leaf.idxs if i.affine is None} == {"m": 4, "n": 16, "k": 8}
     check_pass("schedule_mm_outer_product", before, after)
 
@@ -65,9 +67,10 @@ def test_dot_product_schedule_for_tmm() -> None:
     schedule = Schedule(vector="kk", lanes=8, unroll=(("m", 2), ("n", 2)),
                         tiles=(("kk", 16),), parallel=False)
     after = scheduled(before, "s0", schedule)
-    assert "parallel" not in block(after, "s0").tags
+    assert not block(after, "s0").schedule.parallel
     (leaf,) = leaves(block(after, "s0"))
-    assert {"vec=kk", "unroll=m", "unroll=n"} <= leaf.tags
+    assert leaf.schedule.vector is not None and leaf.schedule.vector.index == "kk"
+    assert leaf.schedule.unroll == ("m", "n")
     check_pass("schedule_tmm_dot_product", before, after)
 
 
@@ -77,19 +80,19 @@ def test_register_tiles_only() -> None:
                      {"X": (7, 45)})
     after = scheduled(before, "s0", Schedule(vector="j", lanes=16, unroll=(("i", 2),)))
     outer = block(after, "s0")
-    assert "regtiles" in outer.tags and "parallel" not in outer.tags
+    assert "regtiles" in outer.tags and not outer.schedule.parallel
     check_pass("schedule_register_tiles_only", before, after)
 
 
 def test_scalar_schedule_with_cache_tiles() -> None:
-    """No vector index: cache tiles only, the leaf tagged `regtile` for the scalar code."""
+    """No vector index: cache tiles only, the leaf a register tile for the scalar code."""
     before = lowered("def rowmax(float(M,N) X) -> (Y) {\n  Y(i) max=! X(i,j)\n}\n",
                      {"X": (10, 11)})
     after = scheduled(before, "s0", Schedule(tiles=(("i", 4), ("j", 5)), parallel=True))
     outer = block(after, "s0")
-    assert "parallel" in outer.tags
+    assert outer.schedule.parallel
     (leaf,) = leaves(outer)
-    assert leaf.tags >= {"regtile"} and not any(t.startswith("vec=") for t in leaf.tags)
+    assert leaf.schedule.micro and leaf.schedule.vector is None
     check_pass("schedule_scalar_cache_tiles", before, after)
 
 

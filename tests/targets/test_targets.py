@@ -53,12 +53,12 @@ def test_show_prints_avx512_code_on_an_avx2_host(avx2_host: None, stage: str, tm
     out, err = capsys.readouterr()
     assert "this host lacks avx512f" in err and "cannot run here" in err
     # 512-bit float32 vectors, chosen for cpu-avx512
-    assert ('#"lanes=16"' if stage == "ir" else "vector_size(64)") in out
+    assert ("float32, 16)" if stage == "ir" else "vector_size(64)") in out
     assert cli.main(["show", str(source), "--stage", stage, "--sizes", "M=48,K=40,N=56",
                      "--target", "cpu-generic"]) == 0
     out, err = capsys.readouterr()
     assert err == ""
-    assert ('#"lanes=4"' if stage == "ir" else "vector_size(16)") in out    # 128-bit
+    assert ("float32, 4)" if stage == "ir" else "vector_size(16)") in out    # 128-bit
 
 
 def test_inspection_target_on_a_host_that_runs_it_uses_the_host_features() -> None:
