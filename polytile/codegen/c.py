@@ -48,10 +48,11 @@ How IR maps to C:
   bounds of the innermost one of them; the others become an `if` around the block.
 * Addresses are folded to one affine expression of loop variables per access:
   a view's origin is its parent's origin + sum(access_d * stride_d).
-* The block's schedule (`BlockSchedule`, set by passes): `parallel` puts `#pragma
-  omp parallel for` on the outermost loop whose iterations provably write disjoint
-  elements (else it is ignored, with a comment); `simd` puts `#pragma omp simd` on
-  the innermost loop under the same condition; `micro` hands the block to the vector
+* The block's schedule (`BlockSchedule`, set by passes): `parallel` names the index
+  whose loop gets `#pragma omp parallel for` (the pass proved its iterations write
+  disjoint elements; inside another parallel loop it is ignored); `simd` puts
+  `#pragma omp simd` on the innermost loop where its iterations write disjoint
+  elements (else it is ignored, with a comment); `micro` hands the block to the vector
   micro-kernel generator (`transpose`: to the register-transpose copy). Inside a parallel loop a failed check records the error
   (first one wins) and skips the rest of its iteration; the function returns
   after the loop.
@@ -83,7 +84,6 @@ from polytile.codegen.cscope import (
     writes_disjoint,
 )
 from polytile.errors import IRError, UnsupportedError
-from polytile.ir import polyhedra
 from polytile.ir.nodes import (
     AGG_OPS,
     Affine,
@@ -312,7 +312,7 @@ class _FunctionWriter:
         views, private = self.views(blk, outer, space.idx, root)
         written = [views[r.into] for r in blk.refs if root or r.from_]
         notes: list[str] = []
-        par_k = self.parallel_loop(blk, outer, space, written, notes)
+        par_k = self.parallel_loop(blk, outer, space)
         par_target = None
         if par_k is not None:
             par_target = Target(self.fresh("pt_next_"))
@@ -358,21 +358,14 @@ class _FunctionWriter:
             views[ref.into] = child_view(ref, parent, idx)
         return views, private
 
-    def parallel_loop(self, blk: Block, outer: Scope, space: IterationSpace,
-                      written: list[View], notes: list[str]) -> int | None:
-        """Which loop (position) of a "parallel" block runs its iterations in threads: the
-        first whose iterations write disjoint elements (by the views, else exactly)."""
-        loops = space.loops
-        if not blk.schedule.parallel or not self.options.openmp or outer.parallel or not loops:
+    def parallel_loop(self, blk: Block, outer: Scope, space: IterationSpace) -> int | None:
+        """The position of the loop the schedule runs in threads (None inside another
+        parallel loop, where OpenMP would nest, and without OpenMP)."""
+        index = blk.schedule.parallel
+        if index is None or not self.options.openmp or outer.parallel:
             return None
-        names = {a.terms[0][0]: n for n, a in space.idx.items()
-                 if a.terms and len(a.terms) == 1 and a.terms[0][1] == 1 and not a.const}
-        k = next((k for k, var in enumerate(loops)
-                  if writes_disjoint(var, set(loops[k + 1:]), written)
-                  or polyhedra.writes_disjoint(blk, names[var])), None)
-        if k is None:
-            notes.append("/* schedule parallel ignored: iterations may write the same element */")
-        return k
+        var = space.idx[index].terms[0][0] if space.idx[index].terms else None
+        return space.loops.index(var) if var in space.loops else None
 
     def loop_nest(self, space: IterationSpace, body: list[str], par_k: int | None,
                   simd_k: int | None, par_target: Target | None, fail: Target) -> list[str]:

@@ -212,8 +212,8 @@ class BlockSchedule:
       unrolled; where that generator cannot take it, as scalar loops;
     * transpose: a nonzero panel width makes the block a copy emitted with register
       transposes of that width (polytile.codegen.transpose); set by pass `pack`;
-    * parallel: iterations run in threads (OpenMP), on the outermost loop whose
-      iterations write disjoint elements;
+    * parallel: the index whose loop runs in threads (OpenMP); its iterations write
+      disjoint elements (the pass that sets it proves that with isl);
     * simd: the innermost loop runs as `omp simd`;
     * gpu: indices mapped to a GPU's grid or threads of a block (GPU_KINDS).
     """
@@ -222,7 +222,7 @@ class BlockSchedule:
     vector: VectorLoop | None = None
     unroll: tuple[str, ...] = ()
     transpose: int = 0
-    parallel: bool = False
+    parallel: str | None = None
     simd: bool = False
     gpu: tuple[tuple[str, str], ...] = ()
 

@@ -204,8 +204,12 @@ class _Parser(TokenCursor[_Token]):
     def schedule_item(self, fields: dict[str, Any], gpu: list[tuple[str, str]]) -> None:
         item = self.advance()
         word = item.text
-        if word in ("micro", "parallel", "simd"):
+        if word in ("micro", "simd"):
             fields[word] = True
+        elif word == "parallel":
+            self.expect("(")
+            fields["parallel"] = self.name("the index that runs in threads")
+            self.expect(")")
         elif word == "vector":
             self.expect("(")
             index = self.name("the vector index")
@@ -228,7 +232,7 @@ class _Parser(TokenCursor[_Token]):
         else:
             raise IRError(f"unknown schedule item {word!r}", item.loc,
                           "items: micro, vector(i, dtype, lanes), unroll(i, ...), "
-                          "transpose(width), parallel, simd, grid(i), thread(i)")
+                          "transpose(width), parallel(i), simd, grid(i), thread(i)")
 
     def comment(self) -> str:
         lines = []

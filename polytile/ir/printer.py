@@ -22,7 +22,7 @@ One construct per line, two spaces of indentation per nesting level:
 
 A block header lists its indices (`i:10` iterates, `i = 4*i1 + 2` is passed in
 from the parent with range 1), its tags, its schedule when it has one
-(`schedule(micro, vector(j, float32, 16), unroll(i), transpose(16), parallel, simd,
+(`schedule(micro, vector(j, float32, 16), unroll(i), transpose(16), parallel(i), simd,
 grid(i), thread(j))`, see `BlockSchedule`), then, inside `( )`, its constraints
 (`expr >= 0`) and its refinements:
 `dir name <- parent[access] dtype(size:stride, ...)[:agg][ @location]`
@@ -139,7 +139,8 @@ def format_schedule(s: BlockSchedule) -> str:
         items.append(f"unroll({', '.join(s.unroll)})")
     if s.transpose:
         items.append(f"transpose({s.transpose})")
-    items += [flag for flag, on in (("parallel", s.parallel), ("simd", s.simd)) if on]
+    items += [f"parallel({s.parallel})"] if s.parallel else []
+    items += ["simd"] if s.simd else []
     items += [f"{kind}({index})" for index, kind in s.gpu]
     return f"schedule({', '.join(items)})"
 

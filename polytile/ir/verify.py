@@ -32,7 +32,7 @@ Schedules (`BlockSchedule`), which passes decide and backends print:
   a vector index moves every view that depends on it by one element (vectors are
   contiguous), its lanes are a power of two, and with `target` at most what one of
   the target's registers holds of its dtype;
-* a parallel block has a loop whose iterations write disjoint elements (isl).
+* iterations of the parallel index write disjoint elements (isl).
 """
 from __future__ import annotations
 
@@ -122,7 +122,7 @@ def _check_block(block: Block, parent: Block | None, path: str,
 def _check_schedule(block: Block, path: str, target: Target | None) -> None:
     s = block.schedule
     loops = {i.name for i in block.idxs if i.affine is None}
-    mapped = list(s.unroll) + [index for index, _ in s.gpu]
+    mapped = list(s.unroll) + [index for index, _ in s.gpu] + ([s.parallel] if s.parallel else [])
     if s.vector is not None:
         mapped.append(s.vector.index)
     for name in mapped:
@@ -134,8 +134,8 @@ def _check_schedule(block: Block, path: str, target: Target | None) -> None:
         raise _fail(path, "the schedule has an unknown GPU kind or a negative transpose width")
     if s.vector is not None:
         _check_vector(block, s.vector, path, target)
-    if s.parallel and loops and not any(polyhedra.writes_disjoint(block, i) for i in loops):
-        raise _fail(path, "the schedule runs iterations in parallel, but every loop's "
+    if s.parallel and not polyhedra.writes_disjoint(block, s.parallel):
+        raise _fail(path, f"the schedule runs index {s.parallel} in threads, but its "
                           "iterations may write the same element")
 
 

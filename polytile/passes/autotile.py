@@ -15,7 +15,7 @@ For every leaf kernel block:
    footprint fits half of L2 and the outer loop keeps every core busy
    (coordinate descent over multiples of the register tile).
 
-    block s1 [i0:128, i1:32, i2:256] #contraction  ->  block s1 [i0_c:2, i1_c:1] schedule(parallel)
+    block s1 [i0:128, i1:32, i2:256] #contraction  ->  block s1 [i0_c:2, i1_c:1] schedule(parallel(i0_c))
       out o0[i0, i1]:add  in p0[i0, i2]  in p1[i1, i2]     block s1_tile [i0_r:..] #regtiles
                               block [i0:4, i1:4, i2:256] schedule(micro, vector(i2, float32, 8), unroll(i0, i1))
 """
@@ -29,7 +29,8 @@ from polytile.analysis.deps import scalar_indices
 from polytile.ir import nodes as N
 from polytile.passes.pipeline import register
 from polytile.errors import ArgumentError
-from polytile.passes.schedule import Schedule, _is_parallel, apply_schedule, check_schedule
+from polytile.passes.schedule import (Schedule, _is_parallel, apply_schedule, check_schedule,
+                                      thread_loop)
 from polytile.targets.target import Target
 
 VECTOR_DTYPES = ("float32", "float64", "int32", "int64")
@@ -291,9 +292,10 @@ def _schedule_fused(block: N.Block, target: Target, given: dict[str, Schedule]) 
             m = apply_schedule(m, schedule, block)
         members.append(m)
     rows = math.prod(i.range for i in block.idxs if i.affine is None)
-    parallel = rows >= 2 and rows * work >= PARALLEL_MIN_WORK
-    return replace(block, stmts=tuple(members),
-                   schedule=replace(block.schedule, parallel=block.schedule.parallel or parallel))
+    fused = replace(block, stmts=tuple(members))
+    if rows >= 2 and rows * work >= PARALLEL_MIN_WORK and not fused.schedule.parallel:
+        fused = replace(fused, schedule=replace(fused.schedule, parallel=thread_loop(fused)))
+    return fused
 
 
 register("autotile", autotile, schedules=_schedules)

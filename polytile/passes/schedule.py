@@ -5,7 +5,7 @@ replaces it. `apply_schedule` rewrites the block accordingly and records the res
 as typed data on the blocks (`polytile.ir.nodes.BlockSchedule`), which the code
 generator prints:
 
-    block s [m:M, n:N, k:K]     block s [m_c, n_c, k_c] #tiled schedule(parallel)  (cache tiles)
+    block s [m:M, n:N, k:K]     block s [m_c, n_c, k_c] #tiled schedule(parallel(m_c))
                           ->      block s_tile [m_r, n_r, ...] #regtiles            (register tiles)
                                     block s_tile_tile [m:mr, n:VL*W, k:kc]
                                       schedule(micro, vector(n, float32, VL), unroll(m))
@@ -19,6 +19,7 @@ from polytile import dtypes
 from polytile.dtypes import DType
 from polytile.errors import ArgumentError
 from polytile.ir import nodes as N
+from polytile.ir import polyhedra
 from polytile.ir.verify import moves_contiguously
 from polytile.passes.tile import tile
 from polytile.targets.target import Target
@@ -133,8 +134,16 @@ def apply_schedule(block: N.Block, schedule: Schedule, parent: N.Block) -> N.Blo
     else:
         result = _replace_at(result, inner_path, _scheduled(inner, leaf))
     if schedule.parallel and cache and any(_is_parallel(block, k) for k in cache):
-        result = replace(result, schedule=replace(result.schedule, parallel=True))
+        result = replace(result, schedule=replace(result.schedule,
+                                                  parallel=thread_loop(result)))
     return result
+
+
+def thread_loop(block: N.Block) -> str | None:
+    """The index whose loop runs in threads: the outermost loop (in the block's order)
+    whose iterations write disjoint elements, proved with isl; None if there is none."""
+    return next((i.name for i in block.idxs if i.affine is None and i.range > 1
+                 and polyhedra.writes_disjoint(block, i.name)), None)
 
 
 def _scheduled(block: N.Block, leaf: N.BlockSchedule) -> N.Block:

@@ -9,6 +9,7 @@ import ctypes
 import shutil
 import subprocess
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +17,7 @@ import pytest
 
 from polytile.codegen import COptions, generate_c
 from polytile.dtypes import DType
-from polytile.ir.nodes import Affine, Dim, Function, Refinement, TensorShape
+from polytile.ir.nodes import Affine, Block, BlockSchedule, Dim, Function, Refinement, TensorShape
 
 CC = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
 needs_cc = pytest.mark.skipif(CC is None, reason="no C compiler on PATH")
@@ -112,3 +113,10 @@ def rand(rng: np.random.Generator, dtype: np.dtype | type, shape: tuple[int, ...
     magnitude = rng.uniform(low, high, size=shape)
     sign = np.where(rng.random(size=shape) < 0.5, -1.0, 1.0)
     return (magnitude * sign).astype(dtype)
+
+
+def parallel(block: Block, simd: bool = False) -> Block:
+    """`block` scheduled to run in threads as the passes do: the loop that runs in
+    threads is the one `polytile.passes.schedule.thread_loop` proves disjoint."""
+    from polytile.passes.schedule import thread_loop
+    return replace(block, schedule=BlockSchedule(parallel=thread_loop(block), simd=simd))

@@ -4,30 +4,28 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from c_harness import CKernel, aff, local, needs_cc, param, rand, view
+from c_harness import CKernel, aff, local, needs_cc, parallel, param, rand, view
 
 from polytile import dtypes as D
 from polytile.codegen import COptions, generate_c
 from polytile.errors import IRError, UnsupportedError
 from polytile.ir import interp
-from polytile.ir.nodes import (Block, BlockSchedule, Constant, Function, Index, Intrinsic, Load,
+from polytile.ir.nodes import (Block, Constant, Function, Index, Intrinsic, Load,
                                 Special, Store)
 
 pytestmark = needs_cc
 RNG = np.random.default_rng(7)
-PARALLEL = BlockSchedule(parallel=True)
-PARALLEL_SIMD = BlockSchedule(parallel=True, simd=True)
 
 
 def elementwise_add(m: int, n: int, b_strides: tuple[int, int] | None = None) -> Function:
     a, b, c = (param("in", "A", D.FLOAT32, (m, n)),
                param("in", "B", D.FLOAT32, (m, n), b_strides),
                param("out", "C", D.FLOAT32, (m, n)))
-    body = Block("add", (Index("i", m), Index("j", n)), (),
+    body = parallel(Block("add", (Index("i", m), Index("j", n)), (),
                  (view(a, "a", ("i", "j")), view(b, "b", ("i", "j")),
                   view(c, "c", ("i", "j"), "out")),
                  (Load("$a", "a"), Load("$b", "b"), Intrinsic("add", ("$a", "$b"), "$s", D.FLOAT32),
-                  Store("c", "$s")), schedule=PARALLEL_SIMD)
+                  Store("c", "$s"))), simd=True)
     return Function("add", ("A", "B", "C"), Block("main", refs=(a, b, c), stmts=(body,)))
 
 
@@ -57,11 +55,11 @@ def matmul(m: int, k: int, n: int, dtype=D.FLOAT32, order=("i", "k", "j")) -> Fu
     init = Block("init", (Index("i", m), Index("j", n)), (), (view(c, "c", ("i", "j"), "out"),),
                  (Constant("$z", 0, dtype), Store("c", "$z")))
     ranges = {"i": m, "j": n, "k": k}
-    acc = Block("acc", tuple(Index(x, ranges[x]) for x in order), (),
+    acc = parallel(Block("acc", tuple(Index(x, ranges[x]) for x in order), (),
                 (view(a, "a", ("i", "k")), view(b, "b", ("k", "j")),
                  view(c, "c", ("i", "j"), "out", "add")),
                 (Load("$a", "a"), Load("$b", "b"), Intrinsic("mul", ("$a", "$b"), "$p", dtype),
-                 Store("c", "$p")), schedule=PARALLEL_SIMD)
+                 Store("c", "$p"))), simd=True)
     return Function("matmul", ("A", "B", "C"), Block("main", refs=(a, b, c), stmts=(init, acc)))
 
 
@@ -75,7 +73,7 @@ def test_matmul(tmp_path, m, k, n):
     np.testing.assert_allclose(c, want, rtol=1e-5)
 
 
-def test_parallel_tag_only_on_loops_with_disjoint_writes(tmp_path):
+def test_threads_and_simd_only_on_loops_with_disjoint_writes(tmp_path):
     text = generate_c(matmul(13, 7, 11, order=("i", "k", "j"))).text
     assert text.count("#pragma omp parallel for") == 1       # the i loop of acc
     assert "#pragma omp simd" in text                        # j, innermost, writes distinct C
@@ -101,9 +99,9 @@ def reduction(op: str, rows: int, cols: int, dtype=D.FLOAT32, init: float = 0.0)
     x, y = param("in", "X", dtype, (rows, cols)), param("out", "Y", dtype, (rows,))
     start = Block("init", (Index("i", rows),), (), (view(y, "y", ("i",), "out"),),
                   (Constant("$v", init, dtype), Store("y", "$v")))
-    red = Block("red", (Index("i", rows), Index("k", cols)), (),
+    red = parallel(Block("red", (Index("i", rows), Index("k", cols)), (),
                 (view(x, "x", ("i", "k")), view(y, "y", ("i",), "out", op)),
-                (Load("$x", "x"), Store("y", "$x")), schedule=PARALLEL)
+                (Load("$x", "x"), Store("y", "$x"))))
     return Function(f"reduce_{op}", ("X", "Y"), Block("main", refs=(x, y), stmts=(start, red)))
 
 
@@ -157,12 +155,12 @@ def tiled_matmul(m: int, k: int, n: int, tile: int) -> Function:
          view(_ref("Ct", c, (tile, tile)), "c", ("ii", "jj"), "out", "add")),
         (Load("$a", "a"), Load("$b", "b"), Intrinsic("mul", ("$a", "$b"), "$p", D.FLOAT32),
          Store("c", "$p")))
-    outer = Block(
+    outer = parallel(Block(
         "tiles", (Index("io", ti), Index("jo", tj)), (),
         (view(a, "At", (aff({"io": tile}), 0), sizes=(tile, k)),
          view(b, "Bt", (0, aff({"jo": tile})), sizes=(k, tile)),
          view(c, "Ct", (aff({"io": tile}), aff({"jo": tile})), "out", "add", (tile, tile))),
-        (inner,), schedule=PARALLEL)
+        (inner,)))
     main = Block("main", refs=(a, b, c), stmts=(Special("zero", (), ("C",)), outer))
     return Function("tiled_matmul", ("A", "B", "C"), main)
 
@@ -217,13 +215,13 @@ def row_normalize(rows: int, cols: int) -> Function:
                local("T", D.FLOAT32, (rows,)))
     zero = Block("t_init", (Index("i", rows),), (), (view(t, "t", ("i",), "out"),),
                  (Constant("$z", 0.0, D.FLOAT32), Store("t", "$z")))
-    sums = Block("t_sum", (Index("i", rows), Index("k", cols)), (),
+    sums = parallel(Block("t_sum", (Index("i", rows), Index("k", cols)), (),
                  (view(x, "x", ("i", "k")), view(t, "t", ("i",), "out", "add")),
-                 (Load("$x", "x"), Store("t", "$x")), schedule=PARALLEL)
-    div = Block("y", (Index("i", rows), Index("j", cols)), (),
+                 (Load("$x", "x"), Store("t", "$x"))))
+    div = parallel(Block("y", (Index("i", rows), Index("j", cols)), (),
                 (view(x, "x", ("i", "j")), view(t, "t", ("i",)), view(y, "y", ("i", "j"), "out")),
                 (Load("$x", "x"), Load("$t", "t"), Intrinsic("div", ("$x", "$t"), "$q", D.FLOAT32),
-                 Store("y", "$q")), schedule=PARALLEL_SIMD)
+                 Store("y", "$q"))), simd=True)
     return Function("row_normalize", ("X", "Y"),
                     Block("main", refs=(x, y, t), stmts=(zero, sums, div)))
 
@@ -250,11 +248,11 @@ def per_row_local(rows: int, cols: int) -> Function:
     child = Block("sum", (Index("k", cols),), (),
                   (view(xr, "x", (0, "k")), view(acc, "a", (0,), "out", "add")),
                   (Load("$x", "x"), Store("a", "$x")))
-    row = Block("row", (Index("i", rows),), (),
+    row = parallel(Block("row", (Index("i", rows),), (),
                 (xr, view(y, "y", ("i",), "out"), acc),
                 (Constant("$z", 0.0, D.FLOAT32), Store("acc", "$z"), child, Load("$s", "acc"),
                  Constant("$two", 2.0, D.FLOAT32), Intrinsic("mul", ("$s", "$two"), "$r", D.FLOAT32),
-                 Store("y", "$r")), schedule=PARALLEL)
+                 Store("y", "$r"))))
     return Function("row_sums", ("X", "Y"), Block("main", refs=(x, y), stmts=(row,)))
 
 

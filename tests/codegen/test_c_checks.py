@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from c_harness import CKernel, local, needs_cc, param, rand, view
+from c_harness import CKernel, local, needs_cc, parallel, param, rand, view
 
 from polytile import dtypes as D
 from polytile.codegen import ERR_INDEX, ERR_NOMEM, COptions, generate_c, kernel_error
@@ -25,7 +25,7 @@ def gather(p: int, n: int, index_dtype=D.INT32, parallel: bool = False) -> Funct
                  view(y, "y", ("i",), "out")),
                 (Load("$k", "ix"), Load("$a", "a", ("$k",)),
                  Intrinsic("add", ("$a", "$a"), "$r", D.FLOAT32), Store("y", "$r")),
-                schedule=BlockSchedule(parallel=parallel))
+                schedule=BlockSchedule(parallel="i" if parallel else None))
     return Function("gather", ("A", "I", "Y"), Block("main", refs=(a, idx, y), stmts=(blk,)))
 
 
@@ -140,11 +140,11 @@ def test_checks_inside_heap_scope_inside_parallel_loop(tmp_path):
     a, idx, y = (param("in", "A", D.FLOAT32, (p,)), param("in", "I", D.INT32, (n,)),
                  param("out", "Y", D.FLOAT32, (n,)))
     t = local("T", D.FLOAT32, (8,))
-    blk = Block("g", (Index("i", n),), (),
+    blk = parallel(Block("g", (Index("i", n),), (),
                 (view(idx, "ix", ("i",)), view(a, "a", (0,), sizes=(p,)),
                  view(y, "y", ("i",), "out"), t),
                 (Load("$k", "ix"), Load("$a", "a", ("$k",)), Store("T", "$a"), Load("$t", "T"),
-                 Store("y", "$t")), schedule=BlockSchedule(parallel=True))
+                 Store("y", "$t"))))
     fn = Function("g", ("A", "I", "Y"), Block("main", refs=(a, idx, y), stmts=(blk,)))
     kernel = CKernel(fn, tmp_path, COptions(stack_bytes=0))
     assert "pt_bad_" in kernel.source.text and "#pragma omp parallel for" in kernel.source.text

@@ -42,7 +42,7 @@ def kernel(fn: N.Function) -> N.Block:
     ("schedule(micro, vector(j, float32, 16), unroll(i))",
      N.BlockSchedule(micro=True, vector=N.VectorLoop("j", FLOAT32, 16), unroll=("i",))),
     ("schedule(micro, transpose(8))", N.BlockSchedule(micro=True, transpose=8)),
-    ("schedule(parallel, simd)", N.BlockSchedule(parallel=True, simd=True)),
+    ("schedule(parallel(j), simd)", N.BlockSchedule(parallel="j", simd=True)),
     ("schedule(grid(i), thread(j))", N.BlockSchedule(gpu=(("i", "grid"), ("j", "thread")))),
 ])
 def test_schedules_print_and_parse_back(text: str, schedule: N.BlockSchedule) -> None:
@@ -91,8 +91,8 @@ SUMS = """function f(A, B) {
     in A[0, 0] float32(8:32, 32:1)
     out B[0] float32(32:1)
   ) {
-    block k [i:8, j:32] schedule(parallel) (
-      out B <- B[%s] float32(1:1):add
+    block k [i:8, j:32] schedule(parallel(%s)) (
+      out B <- B[j] float32(1:1):add
       in A <- A[i, j] float32(1:32, 1:1)
     ) {
       $a = load(A)
@@ -103,10 +103,10 @@ SUMS = """function f(A, B) {
 """
 
 
-def test_a_parallel_block_needs_a_loop_with_disjoint_writes() -> None:
+def test_the_parallel_index_must_write_disjoint_elements() -> None:
     verify(parse_function(SUMS % "j"))           # j's iterations write different elements
-    with pytest.raises(IRError, match="every loop's iterations may write the same element"):
-        verify(parse_function(SUMS % "0"))       # every iteration adds into B[0]
+    with pytest.raises(IRError, match="runs index i in threads, but its iterations may"):
+        verify(parse_function(SUMS % "i"))       # every i adds into the same B[j]
 
 
 def test_the_c_backend_refuses_gpu_mappings() -> None:
