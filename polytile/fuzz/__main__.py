@@ -1,0 +1,84 @@
+"""python -m polytile.fuzz: run a fuzz campaign, or replay one failure.
+
+    python -m polytile.fuzz --cases 100000 --compile-cases 300 --seed 7
+    python -m polytile.fuzz --replay failures/compile-mismatch-3.tc
+
+Compiled kernels go to a temporary cache directory (removed at the end), never to the
+user's cache. The exit status is 1 when a case failed, 2 when hypothesis is missing.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import re
+import sys
+import tempfile
+from pathlib import Path
+
+from polytile.config import load_config
+from polytile.errors import UnsupportedError
+from polytile.fuzz import require_hypothesis
+
+
+def _arguments(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m polytile.fuzz", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--cases", type=int, default=1000, help="front-end cases")
+    parser.add_argument("--compile-cases", type=int, default=0,
+                        help="accepted programs to compile and compare with the interpreter")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--corpus", type=Path, nargs="*",
+                        help="files or directories of TC programs to mutate (default: the "
+                             "paper's programs and the conformance corpus of this checkout, "
+                             "and the benchmark workloads)")
+    parser.add_argument("--failures", type=Path,
+                        help="directory to write each failure to, as a TC file that replays it")
+    parser.add_argument("--replay", type=Path, help="run the case of a failure file again")
+    parser.add_argument("--quiet", action="store_true", help="no progress lines")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _arguments(argv)
+    try:
+        require_hypothesis()
+    except UnsupportedError as err:
+        print(err, file=sys.stderr)
+        return 2
+    from polytile.fuzz.mutations import corpus, default_corpus_paths
+    from polytile.fuzz.runner import Campaign, run
+    with tempfile.TemporaryDirectory(prefix="polytile-fuzz-") as cache:
+        config = dataclasses.replace(load_config(), cache_dir=Path(cache), ignore_tuned=True)
+        if args.replay:
+            return _replay(args.replay, config)
+        programs = corpus(args.corpus if args.corpus is not None else default_corpus_paths())
+        progress = None if args.quiet else (lambda line: print(line, file=sys.stderr,
+                                                               flush=True))
+        campaign = Campaign(args.cases, args.compile_cases, args.seed, tuple(programs), config,
+                            progress=progress)
+        print(f"corpus: {len(programs)} programs; seed {args.seed}", file=sys.stderr)
+        report = run(campaign)
+    print(report.summary())
+    if args.failures and report.failures:
+        args.failures.mkdir(parents=True, exist_ok=True)
+        for k, failure in enumerate(report.failures):
+            name = f"{failure.stage.replace(' ', '-')}-{failure.kind}-{k}.tc"
+            (args.failures / name).write_text(failure.reproducer())
+        print(f"{len(report.failures)} failures written to {args.failures}")
+    return 0 if report.ok else 1
+
+
+def _replay(path: Path, config) -> int:  # type: ignore[no-untyped-def]
+    from polytile.fuzz.oracle import check_compiled, check_front_end
+    text = path.read_text()
+    seed = re.search(r"^# polytile\.fuzz \S+ \S+ seed=(\d+)", text, re.MULTILINE)
+    outcome = check_front_end(text)
+    print(f"front end: {outcome.kind} {outcome.detail}")
+    if seed is not None and outcome.kind == "accepted":
+        outcome = check_compiled(text, int(seed.group(1)), config)
+        print(f"compile (seed {seed.group(1)}): {outcome.kind} {outcome.detail}")
+    return 0 if outcome.kind in ("accepted", "rejected", "compared", "raised") else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

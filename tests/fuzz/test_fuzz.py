@@ -1,0 +1,115 @@
+"""The fuzzer in CI: a bounded campaign with fixed seeds (hypothesis.seed, no example
+database, so every run draws the same cases) finds nothing; and the fuzzer's own parts
+report what they should."""
+from __future__ import annotations
+
+import dataclasses
+import faulthandler
+import os
+import signal
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import polytile as pt
+from polytile.config import load_config
+from polytile.fuzz import require_hypothesis
+from polytile.fuzz.__main__ import main
+from polytile.fuzz.mutations import corpus, default_corpus_paths
+from polytile.fuzz.oracle import Outcome, check_compiled, check_front_end, difference
+from polytile.fuzz.runner import Campaign, Failure, isolated, run
+
+
+@pytest.fixture
+def config(tmp_path):
+    return dataclasses.replace(load_config(), cache_dir=tmp_path / "cache", ignore_tuned=True)
+
+
+def test_a_bounded_campaign_finds_nothing(config):
+    programs = tuple(corpus(default_corpus_paths()))
+    report = run(Campaign(cases=1500, compile_cases=80, seed=0, corpus=programs,
+                          config=config))
+    assert report.ok, "\n\n".join(f.reproducer() for f in report.failures)
+    assert sum(report.front_end.values()) == 1500
+    assert report.front_end["accepted"] >= 300 and report.front_end["rejected"] >= 300
+    assert sum(report.compiled.values()) == 80
+    assert report.compiled["compared"] >= 50
+
+
+def test_the_corpus_holds_the_paper_and_the_conformance_programs():
+    programs = corpus(default_corpus_paths())
+    names = {p.split("(")[0].split()[-1] for p in programs}
+    assert {"sgemm", "fcrelu", "2LUT", "conv2d", "bmm", "kron", "sqdist"} <= names
+    assert len(programs) >= 100
+
+
+def test_the_front_end_oracle_flags_a_non_polytile_exception(monkeypatch):
+    def broken(*args, **kwargs):
+        raise ValueError("boom")
+    monkeypatch.setattr(pt, "define", broken)
+    outcome = check_front_end("def f(float(N) A) -> (B) { B(i) = A(i) }")
+    assert outcome.kind == "error" and "ValueError: boom" in outcome.detail
+
+
+def test_the_front_end_oracle_accepts_and_rejects():
+    assert check_front_end("def f(float(N) A) -> (B) { B(i) = A(i) }") == Outcome("accepted")
+    assert check_front_end("def f(float(N) A) -> (B) { B(i) = }") == \
+        Outcome("rejected", "ParseError")
+
+
+def test_the_compile_oracle_compares_and_sees_errors_in_both_backends(config):
+    good = "def f(float(N) A, int32(N) X) -> (B) { B(i) = A(X(i)) * 2 }"
+    assert check_compiled(good, seed=1, config=config).kind == "compared"
+    # Indices from data out of range: both backends raise, which is agreement.
+    bad = "def f(float(N) A, int32(N) X) -> (B) { B(i) = A(X(i) + 100) }"
+    assert check_compiled(bad, seed=1, config=config) == Outcome("raised", "OutOfBoundsError")
+
+
+def test_difference_is_exact_for_integers_and_tolerant_for_floats():
+    assert difference(np.array([1, 2]), np.array([1, 2])) == ""
+    assert "first at (1,)" in difference(np.array([1, 3]), np.array([1, 2]))
+    x = np.array([1.0, np.nan, np.inf], np.float32)
+    assert difference(x + np.float32(1e-6), x) == ""
+    assert difference(x * np.float32(1.01), x) != ""
+    assert difference(np.array([np.nan], np.float32), np.array([1.0], np.float32)) != ""
+    assert difference(np.array([-np.inf], np.float32), np.array([np.inf], np.float32)) != ""
+
+
+def test_isolation_counts_a_crash_and_a_timeout():
+    def segfault() -> Outcome:
+        faulthandler.disable()     # pytest's handler would print the child's stack
+        os.kill(os.getpid(), signal.SIGSEGV)
+        return Outcome("compared")
+    assert isolated(segfault, 30) == Outcome("crash", "killed by SIGSEGV")
+
+    def slow() -> Outcome:
+        time.sleep(30)
+        return Outcome("compared")
+    assert isolated(slow, 0.5).kind == "timeout"
+    assert isolated(lambda: Outcome("compared"), 30) == Outcome("compared")
+
+
+def test_a_failure_file_replays(tmp_path, capsys):
+    failure = Failure("compile", "mismatch",
+                      "def f(float(N) A) -> (B) {\n  B(i) = A(i) * 2\n}\n", 5, "what was seen")
+    path = tmp_path / "case.tc"
+    path.write_text(failure.reproducer())
+    assert main(["--replay", str(path)]) == 0
+    assert "compile (seed 5): compared" in capsys.readouterr().out
+
+
+def test_the_command_counts_cases(capsys):
+    assert main(["--cases", "30", "--seed", "3", "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "front end: 30 cases" in out and "0 non-Polytile exceptions" in out
+
+
+def test_a_missing_hypothesis_gets_a_clear_message(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "hypothesis", None)
+    with pytest.raises(pt.PolytileError, match="needs hypothesis") as info:
+        require_hypothesis()
+    assert "pip install" in (info.value.hint or "")
+    assert main(["--cases", "1"]) == 2
+    assert "needs hypothesis" in capsys.readouterr().err
