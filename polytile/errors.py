@@ -56,6 +56,13 @@ class SourceLoc:
         return f"  {text}\n  {' ' * (self.col - 1)}{'^' * width}"
 
 
+def abbreviate(text: str, width: int = 24) -> str:
+    """`text` for a message: long ones (a 5,000-digit literal) shortened, with their length."""
+    if len(text) <= width:
+        return text
+    return f"{text[:12]}...{text[-6:]} ({len(text)} characters)"
+
+
 class PolytileError(Exception):
     """Base of every error polytile raises on purpose."""
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from polytile.deep import MAX_DEPTH, MAX_NESTING, retry_deep
 from polytile.dtypes import TYPE_NAMES
-from polytile.errors import ParseError, Source, SourceLoc
+from polytile.errors import ParseError, Source, SourceLoc, TypeCheckError, abbreviate
 from polytile.lang import ast
 from polytile.lang.cursor import TokenCursor
 from polytile.lang.lexer import Token, tokenize
@@ -110,7 +110,7 @@ class _Parser(TokenCursor[Token]):
             if tok.kind == "name":
                 return tok.text
             if tok.kind == "number" and tok.text.isdigit():
-                return int(tok.text)
+                return _size_value(tok, "dimension", "use a size name, e.g. float(N) A")
             raise ParseError(f"expected a size name or an integer, found {tok}", tok.loc)
         self.expect("(")
         return self.comma_list(dim, ")")
@@ -267,7 +267,8 @@ class _Parser(TokenCursor[Token]):
             dim = self.advance()
             if not dim.text.isdigit():
                 raise ParseError(f"expected a dimension number after '{tok.text}.'", dim.loc)
-            return ast.DimOf(tok.text, int(dim.text), tok.loc)
+            return ast.DimOf(tok.text, _size_value(dim, "dimension number",
+                                                   "A.0 is the first dimension of A"), tok.loc)
         return ast.Name(tok.text, tok.loc)
 
 
@@ -289,10 +290,27 @@ def _calls_of_functions(d: ast.Def, functions: frozenset[str]) -> ast.Def:
     return d if body == d.body else ast.Def(d.name, d.args, d.outputs, body, d.loc)
 
 
+_LARGEST_SIZE = (1 << 63) - 1
+
+
+def _size_value(tok: Token, what: str, hint: str) -> int:
+    """A constant size or dimension number: sizes are int64, so a larger one describes
+    no array (and int() refuses decimals of over 4,300 digits with a ValueError)."""
+    digits = tok.text.lstrip("0")
+    if len(digits) > 19 or int(digits or "0") > _LARGEST_SIZE:
+        raise TypeCheckError(f"the {what} {abbreviate(tok.text)} is too large: sizes are "
+                             f"int64 (at most {_LARGEST_SIZE})", tok.loc, hint)
+    return int(digits or "0")
+
+
 def _number_value(tok: Token) -> int | float:
     text = tok.text
-    if text[:2] in ("0x", "0X"):
-        return int(text, 16)
-    if any(c in text for c in ".eEfF"):
+    hexadecimal = text[:2] in ("0x", "0X")
+    if any(c in text for c in ".eEfF") and not hexadecimal:
         return float(text.rstrip("fF"))
-    return int(text)
+    digits = text[2:] if hexadecimal else text
+    if len(digits.lstrip("0")) > 20:     # past every integer type (and int()'s digit limit)
+        raise TypeCheckError(f"integer literal {abbreviate(text)} does not fit in int64, the "
+                             "widest integer type", tok.loc,
+                             "write a float literal (with a decimal point) for a real number")
+    return int(digits, 16 if hexadecimal else 10)

@@ -14,7 +14,8 @@ import numpy as np
 
 from polytile import dtypes
 from polytile.dtypes import DType
-from polytile.errors import NameResolutionError, SourceLoc, TypeCheckError, UnsupportedError
+from polytile.errors import (NameResolutionError, SourceLoc, TypeCheckError, UnsupportedError,
+                             abbreviate)
 from polytile.ir import intrinsics
 from polytile.lang import ast
 from polytile.sema import program as P
@@ -249,8 +250,7 @@ def reads(e: P.TExpr) -> list[P.Read]:
 
 def _check_literal(e: ast.Number) -> None:
     """A literal beyond its widest type would wrap or become infinity without a word."""
-    shown = e.text if len(e.text) <= 24 else f"{e.text[:12]}...{e.text[-6:]} ({len(e.text)} " \
-                                             "characters)"
+    shown = abbreviate(e.text)
     if isinstance(e.value, int) and e.value > np.iinfo(np.int64).max:
         raise TypeCheckError(f"integer literal {shown} does not fit in int64, the widest "
                              "integer type", e.loc, "write a float literal (with a decimal "

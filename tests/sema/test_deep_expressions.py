@@ -80,3 +80,17 @@ def test_the_command_line_checks_deep_programs(tmp_path: Path,
     source.write_text(program(" + ".join(["A(i)"] * 5000)))
     assert cli.main(["check", str(source)]) == 0
     assert "where i in 0:N" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("source", [
+    "def f(float(" + "9" * 5000 + ") A) -> (B) {\n  B(i) = A(i)\n}\n",
+    "def f(float(99999999999999999999) A) -> (B) {\n  B(i) = A(i)\n}\n",
+    "def f(float(N) A) -> (B) {\n  B(i) = A(i) + A." + "9" * 5000 + "\n}\n",
+    "def f(float(N) A) -> (B) {\n  B(i) = A(i) * " + "7" * 5000 + "\n}\n",
+    "def f(float(N) A) -> (B) {\n  B(i) = A(i) * 0x" + "f" * 40 + "\n}\n",
+])
+def test_numbers_past_python_s_digit_limit_are_type_errors(source: str) -> None:
+    """int() refuses decimals of over 4,300 digits with a ValueError, which escaped
+    define (found by polytile.fuzz); sizes are int64."""
+    with pytest.raises(TypeCheckError, match="too large: sizes are int64|does not fit in int64"):
+        pt.define(source, backend="interp")
