@@ -22,6 +22,11 @@ from polytile.sema import typing as T
 from polytile.sema.sizes import SizeExpr
 
 
+# Operations in one statement once where-bindings are copied into their uses: past this
+# the generated C takes a compiler minutes (gcc: 85 s for a 50,000-term chain).
+MAX_EXPANDED = 100_000
+
+
 def analyze(module: ast.Module) -> P.Program:
     names = frozenset(d.name for d in module.defs)
     return retry_deep(lambda: P.Program(tuple(_Function(d, names).build()
@@ -181,6 +186,13 @@ class _Function:
         scope.later = frozenset(x.tensor for x in stmts[k + 1:]) - visible
         T.lets_scope(s.where, scope)
         rhs = T.resolve(s.rhs, scope)
+        size = P.expanded_size(rhs.expr)
+        if size > MAX_EXPANDED:
+            raise UnsupportedError(
+                f"this statement expands to {size} operations, more than the "
+                f"{MAX_EXPANDED} polytile compiles (a where binding is copied into each use)",
+                s.loc, "store intermediate results in temporaries, e.g. T(i) = ...; then "
+                       "use T(i), instead of where bindings used several times")
         exists = []
         for w in s.where:
             if isinstance(w, ast.Exists):

@@ -175,3 +175,24 @@ def identity(op: str, dtype: DType) -> int | float:
     if info is None:
         return 0 if op == "max=" else 1
     return int(info.min) if op == "max=" else int(info.max)
+
+
+def expanded_size(e: TExpr) -> int:
+    """Nodes of `e` once shared subtrees are copied into each use, as every later stage
+    walks it: a `where` binding used twice is a subtree shared twice, so a chain of
+    bindings that each use the previous one twice doubles the size per binding. Counted
+    on the shared form (one visit per distinct node), so it is cheap even then."""
+    sizes: dict[int, int] = {}
+    stack: list[tuple[TExpr, bool]] = [(e, False)]
+    while stack:
+        node, expanded = stack.pop()
+        if id(node) in sizes:
+            continue
+        inner = node.indices if isinstance(node, Read) else (
+            node.args if isinstance(node, Op) else ())
+        if expanded:
+            sizes[id(node)] = 1 + sum(sizes[id(c)] for c in inner)
+        else:
+            stack.append((node, True))
+            stack.extend((c, False) for c in inner if id(c) not in sizes)
+    return sizes[id(e)]

@@ -94,3 +94,17 @@ def test_numbers_past_python_s_digit_limit_are_type_errors(source: str) -> None:
     define (found by polytile.fuzz); sizes are int64."""
     with pytest.raises(TypeCheckError, match="too large: sizes are int64|does not fit in int64"):
         pt.define(source, backend="interp")
+
+
+def test_where_bindings_that_double_per_binding_are_refused_at_once() -> None:
+    """Each binding uses the previous one twice: 60 of them expand to 2**61 operations,
+    which hung define (every stage walks the expression as a tree). The size is counted
+    on the shared form and refused with the limit named."""
+    lets = ["t0 = A(i) + A(i)"] + [f"t{k} = t{k - 1} + t{k - 1}" for k in range(1, 60)]
+    source = f"def f(float(N) A) -> (B) {{ B(i) = t59 where {', '.join(lets)} }}"
+    with pytest.raises(pt.UnsupportedError, match="expands to 3458764513820540927 operations"):
+        pt.define(source, backend="interp")
+    small = ", ".join(lets[:4])           # 4 doublings: fine
+    mod = pt.define(f"def f(float(N) A) -> (B) {{ B(i) = t3 where {small} }}",
+                    backend="interp")
+    np.testing.assert_array_equal(mod.f(A), A * 16)
