@@ -25,7 +25,6 @@ no guards.
 from __future__ import annotations
 
 import itertools
-import math
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
@@ -34,7 +33,7 @@ from polytile.analysis.deps import scalar_indices
 from polytile.codegen import cexpr
 from polytile.codegen.cscope import Scope, c_affine, child_view, fixed_indices, resolve, safe
 from polytile.codegen.vmath import MASKED_LANES, VECTOR_MATH_OPS
-from polytile.ir.nodes import Affine, Block, Constant, Intrinsic, Load, LoadIndex, Refinement, Store
+from polytile.ir.nodes import Affine, Block, Constant, Intrinsic, Load, LoadIndex, Store
 
 if TYPE_CHECKING:
     from polytile.codegen.c import _FunctionWriter
@@ -116,8 +115,23 @@ def plan(blk: Block) -> _Plan | None:
     vec_red = vector not in written
     if vec_red and out.agg == "assign":
         return None
-    return _Plan(vector, n_lanes, unroll, [x for x in rest if x[0] in written],
-                 [x for x in rest if x[0] not in written], loops[vector], vec_red, out.agg)
+    par, red = _split(rest, blk.schedule.order, written)
+    return _Plan(vector, n_lanes, unroll, par, red, loops[vector], vec_red, out.agg)
+
+
+def _split(rest: list[tuple[str, int]], order: tuple[str, ...], written: set[str]
+           ) -> tuple[list[tuple[str, int]], list[tuple[str, int]]]:
+    """The loops outside the accumulators and those inside: in the schedule's order
+    (pass `reorder`), the trailing run of reduction loops goes inside; without an
+    order, the parallel loops outside and the reductions inside, in block order."""
+    if sorted(order) != sorted(n for n, _ in rest):
+        return [x for x in rest if x[0] in written], [x for x in rest if x[0] not in written]
+    ranges = dict(rest)
+    loops = [(n, ranges[n]) for n in order]
+    split = len(loops)
+    while split > 0 and loops[split - 1][0] not in written:
+        split -= 1
+    return loops[:split], loops[split:]
 
 
 def _step_index(st: object, blk: Block, vector: str) -> bool:
@@ -138,7 +152,6 @@ def emit(w: "_FunctionWriter", blk: Block, outer: Scope) -> list[str] | None:
     if p is None:
         return None
     w.vector_lanes = p.lanes
-    p = _memory_order(p, blk, outer)
     idx = fixed_indices(blk, outer.idx)
     if not blk.constraints:
         return [f"/* block {safe(blk.name)}: vector */"] + _Emitter(w, blk, outer, p, idx).lines()
@@ -151,39 +164,6 @@ def emit(w: "_FunctionWriter", blk: Block, outer: Scope) -> list[str] | None:
     scalar = w.block(replace(blk, schedule=replace(blk.schedule, micro=False)), outer)
     return ([f"/* block {safe(blk.name)}: vector code for full tiles */", f"if ({full}) {{"]
             + _ind(body) + ["} else {"] + _ind(scalar) + ["}"])
-
-
-def _memory_order(p: _Plan, blk: Block, outer: Scope) -> _Plan:
-    """Loop order that streams the largest input in memory order (largest stride
-    outermost). Accumulators stay in registers across the innermost run of reduction
-    loops; a reduction loop placed outside a parallel one aggregates into memory
-    after each of its iterations instead (batch norm's statistics: c inside n)."""
-    inputs = [r for r in blk.refs if r.dir == "in" and r.from_ in outer.views]
-    if not inputs:
-        return p
-    looped = {n for n, _ in p.par_loops + p.red_loops}
-    ranges = {i.name: i.range for i in blk.idxs if i.affine is None}
-
-    def weight(r: Refinement) -> tuple[int, int]:
-        # The block's footprint in the input first (its parent's view may be larger:
-        # a whole dimension where a tile overflows); of equal sizes, the input that
-        # depends on more of the loops.
-        size = math.prod(1 + sum(abs(c) * (ranges.get(n, 1) - 1) for n, c in a.terms)
-                         for a in r.access)
-        return size, len(looped & {n for a in r.access for n in a.names})
-
-    big = max(inputs, key=weight)
-    dims = outer.views[big.from_].dims
-
-    def stride(name: str) -> int:
-        return sum(abs(a.coeff(name)) * d.stride for a, d in zip(big.access, dims))
-
-    loops = sorted(p.par_loops + p.red_loops, key=lambda x: -stride(x[0]))
-    reductions = {n for n, _ in p.red_loops}
-    split = len(loops)
-    while split > 0 and loops[split - 1][0] in reductions:
-        split -= 1
-    return replace(p, par_loops=loops[:split], red_loops=loops[split:])
 
 
 def _unroll_counts(blk: Block, p: _Plan, idx: dict[str, Affine]) -> dict[str, str] | None:

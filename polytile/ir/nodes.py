@@ -212,6 +212,8 @@ class BlockSchedule:
       unrolled; where that generator cannot take it, as scalar loops;
     * transpose: a nonzero panel width makes the block a copy emitted with register
       transposes of that width (polytile.codegen.transpose); set by pass `pack`;
+    * order: the loop order of a micro-kernel's loops other than the vector and the
+      unrolled indices, outermost first (set by pass `reorder`; empty: block order);
     * parallel: the index whose loop runs in threads (OpenMP); its iterations write
       disjoint elements (the pass that sets it proves that with isl);
     * simd: the innermost loop runs as `omp simd`;
@@ -221,6 +223,7 @@ class BlockSchedule:
     micro: bool = False
     vector: VectorLoop | None = None
     unroll: tuple[str, ...] = ()
+    order: tuple[str, ...] = ()
     transpose: int = 0
     parallel: str | None = None
     simd: bool = False

@@ -218,9 +218,9 @@ class _Parser(TokenCursor[_Token]):
             self.expect(",")
             fields["vector"] = VectorLoop(index, dtype, self.integer("the lanes"))
             self.expect(")")
-        elif word == "unroll":
+        elif word in ("unroll", "order"):
             self.expect("(")
-            fields["unroll"] = self.listed(")", lambda: self.name("an index"))
+            fields[word] = self.listed(")", lambda: self.name("an index"))
         elif word == "transpose":
             self.expect("(")
             fields["transpose"] = self.integer("the panel width")
@@ -231,7 +231,7 @@ class _Parser(TokenCursor[_Token]):
             self.expect(")")
         else:
             raise IRError(f"unknown schedule item {word!r}", item.loc,
-                          "items: micro, vector(i, dtype, lanes), unroll(i, ...), "
+                          "items: micro, vector(i, dtype, lanes), unroll(i, ...), order(i, ...), "
                           "transpose(width), parallel(i), simd, grid(i), thread(i)")
 
     def comment(self) -> str:

@@ -22,7 +22,7 @@ One construct per line, two spaces of indentation per nesting level:
 
 A block header lists its indices (`i:10` iterates, `i = 4*i1 + 2` is passed in
 from the parent with range 1), its tags, its schedule when it has one
-(`schedule(micro, vector(j, float32, 16), unroll(i), transpose(16), parallel(i), simd,
+(`schedule(micro, vector(j, float32, 16), unroll(i), order(k), transpose(16), parallel(i), simd,
 grid(i), thread(j))`, see `BlockSchedule`), then, inside `( )`, its constraints
 (`expr >= 0`) and its refinements:
 `dir name <- parent[access] dtype(size:stride, ...)[:agg][ @location]`
@@ -137,6 +137,8 @@ def format_schedule(s: BlockSchedule) -> str:
         items.append(f"vector({s.vector.index}, {s.vector.dtype}, {s.vector.lanes})")
     if s.unroll:
         items.append(f"unroll({', '.join(s.unroll)})")
+    if s.order:
+        items.append(f"order({', '.join(s.order)})")
     if s.transpose:
         items.append(f"transpose({s.transpose})")
     items += [f"parallel({s.parallel})"] if s.parallel else []

@@ -130,6 +130,10 @@ def _check_schedule(block: Block, path: str, target: Target | None) -> None:
             raise _fail(path, f"the schedule maps {name}, which is not a loop of the block")
     if len(set(mapped)) != len(mapped):
         raise _fail(path, f"the schedule maps an index twice: {mapped}")
+    if not set(s.order) <= loops - set(mapped) - ({s.vector.index} if s.vector else set()) \
+            or len(set(s.order)) != len(s.order):
+        raise _fail(path, f"the schedule's loop order {list(s.order)} must name the block's "
+                          "other loops, once each")
     if any(kind not in GPU_KINDS for _, kind in s.gpu) or s.transpose < 0:
         raise _fail(path, "the schedule has an unknown GPU kind or a negative transpose width")
     if s.vector is not None:

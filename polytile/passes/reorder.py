@@ -16,6 +16,7 @@ Passed-in indices keep their place (after the loops; they are not loops).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from typing import Any
 
@@ -50,6 +51,44 @@ def reorder_block(block: N.Block) -> N.Block:
                                                       if i.affine is not None))
 
 
+def vector_loop_order(block: N.Block) -> tuple[str, ...]:
+    """The loop order of a vector micro-kernel's other loops (not the vector index, not
+    the unrolled ones), outermost first: the order that streams the largest input in
+    memory order (largest stride outermost). The code generator keeps accumulators in
+    registers across the innermost run of reduction loops; a reduction loop placed
+    outside a parallel one aggregates into memory after each of its iterations instead
+    (batch norm's statistics: c inside n)."""
+    s = block.schedule
+    assert s.vector is not None
+    stores = [x for x in block.stmts if isinstance(x, N.Store)]
+    loops = [i.name for i in block.idxs if i.affine is None and i.range > 1
+             and i.name != s.vector.index and i.name not in s.unroll]
+    if len(stores) != 1 or not loops:
+        return ()        # the generator runs scalar code, or there is no loop to order
+    written = {n for a in block.ref(stores[0].ref).access for n in a.names}
+    # Parallel loops first, then reductions, each in the block's order: ties keep it.
+    loops = [n for n in loops if n in written] + [n for n in loops if n not in written]
+    inputs = [r for r in block.refs if r.dir == "in"]
+    if not inputs:
+        return tuple(loops)
+    ranges = {i.name: i.range for i in block.idxs if i.affine is None}
+
+    def weight(r: N.Refinement) -> tuple[int, int]:
+        # The block's footprint in the input first (its parent's view may be larger:
+        # a whole dimension where a tile overflows); of equal sizes, the input that
+        # depends on more of the loops.
+        size = math.prod(1 + sum(abs(c) * (ranges.get(n, 1) - 1) for n, c in a.terms)
+                         for a in r.access)
+        return size, len(set(loops) & {n for a in r.access for n in a.names})
+
+    big = max(inputs, key=weight)
+
+    def stride(name: str) -> int:
+        return sum(abs(a.coeff(name)) * d.stride for a, d in zip(big.access, big.shape.dims))
+
+    return tuple(sorted(loops, key=lambda n: -stride(n)))
+
+
 def _scalar_leaf(s: N.Block) -> bool:
     return (("kernel" in s.tags or s.schedule.micro)
             and not any(isinstance(x, N.Block) for x in s.stmts)
@@ -60,7 +99,12 @@ def _walk(block: N.Block) -> N.Block:
     stmts = []
     for s in block.stmts:
         if isinstance(s, N.Block):
-            s = reorder_block(s) if _scalar_leaf(s) else _walk(s)
+            if _scalar_leaf(s):
+                s = reorder_block(s)
+            elif s.schedule.micro and s.schedule.vector is not None:
+                s = replace(s, schedule=replace(s.schedule, order=vector_loop_order(s)))
+            else:
+                s = _walk(s)
         stmts.append(s)
     return replace(block, stmts=tuple(stmts))
 

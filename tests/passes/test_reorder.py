@@ -33,7 +33,30 @@ def test_column_sums_put_the_parallel_index_inside() -> None:
     check_pass("reorder_column_sums", before, after)
 
 
-def test_disabled_and_vector_blocks_untouched() -> None:
+def test_vector_leaves_record_their_loop_order() -> None:
+    """A vector micro-kernel's loops are ordered in its schedule (its indices stay): here
+    the reduction c, X's largest stride, goes outside the parallel n, so the sums over c
+    aggregate into memory after each c instead of c running innermost through a
+    strided X (batch norm's statistics)."""
+    from polytile.passes.autotile import autotile
+    from polytile.passes.schedule import Schedule
+    source = "def stats(float(C,N,H) X) -> (Y) {\n  Y(n,h) +=! X(c,n,h)\n}\n"
+    lowered_fn = lowered(source, {"X": (6, 5, 16)})
+    avx2 = target("cpu-avx2")
+    before = autotile(lowered_fn, avx2, {"schedules": {"s0": Schedule("h", 8)}})
+    after = reorder(before, avx2, {})
+    leaf = [b for b in leaves(block(after, "s0")) if b.schedule.vector][0]
+    assert leaf.schedule.order == ("c", "n")
+    assert leaf.idxs == [b for b in leaves(block(before, "s0")) if b.schedule.vector][0].idxs
+    check_pass("reorder_vector_leaf", before, after)
+
+
+def leaves(b: N.Block) -> list[N.Block]:
+    inner = [s for s in b.stmts if isinstance(s, N.Block)]
+    return [b] if not inner else [leaf for s in inner for leaf in leaves(s)]
+
+
+def test_disabled_and_vector_blocks_keep_their_indices() -> None:
     fn = lowered("def cs(int32(M,N) A) -> (S) {\n  S(j) +=! A(i,j)\n}\n", {"A": (9, 11)})
     assert reorder(fn, GENERIC, {"enabled": False}) is fn
     s0 = block(fn, "s0")
@@ -42,4 +65,6 @@ def test_disabled_and_vector_blocks_untouched() -> None:
         (N.Block(s0.name, s0.idxs, s0.constraints, s0.refs, s0.stmts, s0.tags,
                  schedule=N.BlockSchedule(micro=True,
                                           vector=N.VectorLoop("j", INT32, 8))),), fn.body.tags))
-    assert reorder(tagged, GENERIC, {}) == tagged
+    after = reorder(tagged, GENERIC, {})
+    assert block(after, "s0").idxs == s0.idxs                  # the indices stay
+    assert block(after, "s0").schedule.order == ("i",)         # the order is recorded
