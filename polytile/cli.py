@@ -196,11 +196,11 @@ def _add_bench_arguments(parser: argparse.ArgumentParser) -> None:
                              "'tmm 128x32x256'); with --latency, these examples")
     parser.add_argument("--latency", action="store_true",
                         help="measure first-call, cached-call and dispatch latency instead")
-    parser.add_argument("--write", nargs="?", const="benchmarks/RESULTS.md", default=None,
-                        metavar="FILE",
-                        help="also write the tables into FILE (default benchmarks/RESULTS.md,"
-                             " the project's record of runs), replacing only this kind of "
-                             "run's section; without it, bench only prints")
+    # const=True: the project's benchmarks/RESULTS.md, found by bench.command.results_path.
+    parser.add_argument("--write", nargs="?", const=True, default=None, metavar="FILE",
+                        help="also write the tables into FILE (default: benchmarks/RESULTS.md "
+                             "of the checkout, the project's record of runs), replacing only "
+                             "this kind of run's section; without it, bench only prints")
     parser.add_argument("--repeats", type=_positive, default=None, metavar="N",
                         help="timing rounds per workload (default 5, quick 3); with "
                              "--latency, processes per example (default 3, quick 1)")

@@ -7,10 +7,11 @@
 
 Throughput (default): machine facts, the measured peak, then every workload checked
 against NumPy and timed against NumPy, PyTorch eager and torch.compile (unless
---no-compile; each compile time is printed as it happens), one table, printed; with
---write [FILE] also written into FILE (default benchmarks/RESULTS.md, relative to the
-current directory: the project's record of runs), so a plain run leaves a clone clean. --latency instead measures
-first-call, cached-call and dispatch latency. The exit status is 1 when polytile gives a
+--no-compile; each compile time is printed as it happens), one table, printed. Only with
+--write [FILE] is it also written into FILE (default: the project's record of runs,
+benchmarks/RESULTS.md of the checkout polytile runs from, else of the current
+directory), so a plain run leaves a clone clean. --latency instead measures first-call,
+cached-call and dispatch latency. The exit status is 1 when polytile gives a
 WRONG result anywhere; a workload polytile cannot compile is FAILED in the table.
 
 OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE, set on some machines here for old OpenBLAS builds,
@@ -52,6 +53,19 @@ def run(args: argparse.Namespace) -> int:
 
 def command_text(args: argparse.Namespace) -> str:
     return " ".join(["polytile", "bench", *_argv(args)])
+
+
+def results_path(write: bool | str) -> Path:
+    """Where `--write [FILE]` puts the tables: FILE as given; bare --write (True) the
+    project's benchmarks/RESULTS.md, in the checkout this polytile runs from (an editable
+    install, or PYTHONPATH) wherever the command is started, else under the current
+    directory."""
+    if isinstance(write, str):
+        return Path(write)
+    root = Path(__file__).resolve().parents[2]
+    if (root / "pyproject.toml").is_file() and (root / "benchmarks").is_dir():
+        return root / "benchmarks" / "RESULTS.md"
+    return Path("benchmarks") / "RESULTS.md"
 
 
 def _throughput(args: argparse.Namespace, facts: dict[str, str], command: str,
@@ -111,10 +125,11 @@ def _throughput(args: argparse.Namespace, facts: dict[str, str], command: str,
             notes.append(f"polytile backend: {args.backend}")
         if busy:
             notes.append(f"warning: {busy}")
-        write_section(Path(args.write), _section("throughput", args),
+        path = results_path(args.write)
+        write_section(path, _section("throughput", args),
                       throughput_markdown(rows, peak, peak_error, facts, command, date, title,
                                           notes))
-        print(f"\nwrote {args.write}")
+        print(f"\nwrote {path}")
     return 1 if banner else 0
 
 
@@ -146,11 +161,12 @@ def _latency(args: argparse.Namespace, facts: dict[str, str], command: str, date
     print(format_text(*dispatch_table(dispatch)) if not dispatch.error
           else f"dispatch overhead: FAILED: {dispatch.error}")
     if args.write:
-        write_section(Path(args.write), _section("latency", args),
+        path = results_path(args.write)
+        write_section(path, _section("latency", args),
                       latency_markdown(rows, dispatch, facts, command, date,
                                        "Latency" + (" (quick: one process per example)"
                                                     if args.quick and not args.repeats else "")))
-        print(f"\nwrote {args.write}")
+        print(f"\nwrote {path}")
     return 0
 
 
@@ -191,7 +207,7 @@ def _argv(args: argparse.Namespace) -> list[str]:
     if args.latency:
         argv.append("--latency")
     if args.write:
-        argv.append(f"--write={args.write}")
+        argv.append("--write" if args.write is True else f"--write={args.write}")
     if args.repeats is not None:
         argv.append(f"--repeats={args.repeats}")
     if args.no_compile:

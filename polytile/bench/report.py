@@ -30,8 +30,8 @@ _DETAIL_WIDTH = 60
 _DISPLAY = {"polytile": "polytile", "numpy": "NumPy", "torch": "torch", COMPILED: COMPILED}
 _Notes = dict[tuple[str, str], int]     # (impl, reason it is n/a) -> footnote number
 FILE_TITLE = ("# polytile benchmark results\n\n"
-              "Written by `polytile bench`. Each section below is replaced by the next run of "
-              "the kind that wrote it; numbers are same-run medians.\n")
+              "Written by `polytile bench --write`. Each section below is replaced by the next "
+              "run of the kind that wrote it; numbers are same-run medians.\n")
 
 
 def milliseconds(seconds: float | None) -> str:

@@ -253,30 +253,69 @@ def test_write_section_replaces_only_its_own_section(tmp_path: Path) -> None:
     assert text.index("## three") < text.index("## two")
 
 
-def test_cli_bench_prints_and_writes_results_only_when_asked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                  capsys: pytest.CaptureFixture[str]) -> None:
-    from polytile import cli
+def _fast_cli_bench(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """`polytile bench` arguments for a run of a second: two quick workloads on the
+    interpreter, stub peak, blocks of a millisecond."""
     from polytile.bench import harness, peak
-    monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(command, "BLAS_ENV_VARS", ())   # never re-run in a child here
     monkeypatch.setattr(peak, "measure_peak", lambda **_: PEAK)
     fast_run = harness.run_workload
     monkeypatch.setattr(harness, "run_workload",
                         lambda w, **kw: fast_run(w, **{**kw, "options": FAST,
                                                        "sleep": _no_sleep}))
-    bench = ["bench", "--quick", "--only", "tmm,layernorm", "--backend", "interp"]
+    return ["bench", "--quick", "--only", "tmm,layernorm", "--backend", "interp"]
+
+
+def test_cli_bench_prints_and_writes_results_only_when_asked(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from polytile import cli
+    bench = _fast_cli_bench(monkeypatch)
+    monkeypatch.chdir(tmp_path)
+    project = command.results_path(True)
+    recorded = project.read_bytes() if project.exists() else None
     assert cli.main(bench) == 0
     out = capsys.readouterr().out
     assert "polytile ms" in out and "torch.compile ms" in out and "layernorm 33x67 out=" in out
     # Without --write nothing is written: a new user's first run leaves the clone clean.
     assert list(tmp_path.iterdir()) == []
-    assert cli.main([*bench, "--write"]) == 0
-    assert "wrote benchmarks/RESULTS.md" in capsys.readouterr().out
-    results = (tmp_path / "benchmarks" / "RESULTS.md").read_text()
-    assert ("polytile bench --quick --only=tmm,layernorm --write=benchmarks/RESULTS.md "
+    target = tmp_path / "runs" / "bench.md"
+    assert cli.main([*bench, "--write", str(target)]) == 0
+    assert f"wrote {target}" in capsys.readouterr().out
+    results = target.read_text()
+    assert (f"polytile bench --quick --only=tmm,layernorm --write={target} "
             "--backend=interp") in results
     assert "### Measured peak" in results and "### Spread" in results
     assert "polytile-bench:throughput-quick-partial:begin" in results
+    assert (project.read_bytes() if project.exists() else None) == recorded
+
+
+def test_bare_write_records_in_the_checkouts_results_file(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from polytile import cli
+    # This checkout's record, wherever the command starts; FILE is taken as given.
+    monkeypatch.chdir(tmp_path)
+    root = Path(command.__file__).resolve().parents[2]
+    assert command.results_path(True) == root / "benchmarks" / "RESULTS.md"
+    assert command.results_path("runs/x.md") == Path("runs/x.md")
+    # A stand-in checkout, so that the run below does not rewrite the real record.
+    checkout = tmp_path / "checkout"
+    (checkout / "benchmarks").mkdir(parents=True)
+    (checkout / "pyproject.toml").write_text("")
+    monkeypatch.setattr(command, "__file__", str(checkout / "polytile" / "bench" / "command.py"))
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    assert cli.main([*_fast_cli_bench(monkeypatch), "--write"]) == 0
+    written = checkout / "benchmarks" / "RESULTS.md"
+    assert f"wrote {written}" in capsys.readouterr().out
+    assert "polytile bench --quick --only=tmm,layernorm --write --backend=interp" in (
+        written.read_text())
+    assert list((tmp_path / "elsewhere").iterdir()) == []
+    # Installed elsewhere (no checkout around the package): under the current directory.
+    monkeypatch.setattr(command, "__file__", str(tmp_path / "site" / "polytile" / "bench" /
+                                                 "command.py"))
+    assert command.results_path(True) == Path("benchmarks") / "RESULTS.md"
 
 
 def test_peak_probe_compiles_and_runs() -> None:
