@@ -6,14 +6,15 @@ messages the docs show cannot drift from the ones polytile prints."""
 from __future__ import annotations
 
 import os
-import shlex
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from polytile import dtypes, errors
 from polytile.ir import intrinsics
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -50,11 +51,42 @@ def test_example_runs(name: str, code: str, output: str | None, tmp_path: Path) 
         assert done.stdout == output, f"{name} prints something else than the doc shows"
 
 
-def test_the_builtin_table_lists_exactly_the_builtins() -> None:
-    section = (ROOT / "docs" / "language.md").read_text().split("## Builtins")[1]
-    section = section.split("\n## ")[0]
-    listed = set(re.findall(r"`([a-z0-9]+)`", section))
-    assert listed == set(intrinsics.BUILTINS)
+def _section(doc: str, heading: str) -> str:
+    text = (ROOT / "docs" / doc).read_text()
+    assert f"\n## {heading}\n" in text, f"docs/{doc} has no section '## {heading}'"
+    return text.split(f"\n## {heading}\n")[1].split("\n## ")[0]
+
+
+def test_the_builtin_tables_list_exactly_the_builtins_with_their_arguments() -> None:
+    """Every `name(args)` in the first column of the Builtins tables: the names are
+    exactly the builtins (aliases included), each with its number of arguments."""
+    rows = [line.split("|")[1] for line in _section("language.md", "Builtins").splitlines()
+            if line.startswith("| `")]
+    listed = [call for cell in rows for call in re.findall(r"`(\w+)\(([^)]*)\)`", cell)]
+    assert sorted(name for name, _ in listed) == sorted(intrinsics.BUILTINS)
+    for name, params in listed:
+        op = intrinsics.BUILTIN_ALIASES.get(name, name)
+        assert len(params.split(",")) == intrinsics.OPS[op].arity, name
+
+
+def test_the_type_list_names_exactly_the_types() -> None:
+    paragraph = _section("language.md", "Types and casts").split("Types:")[1].split("\n\n")[0]
+    assert set(re.findall(r"`(\w+)`", paragraph)) == set(dtypes.TYPE_NAMES)
+
+
+def test_every_error_class_has_a_section_with_a_program_that_raises_it() -> None:
+    """docs/errors.md has a section per PolytileError class, whose example catches exactly
+    that class and shows what it prints (test_example_runs runs it and compares)."""
+    classes = [errors.PolytileError]
+    for cls in classes:
+        classes.extend(c for c in cls.__subclasses__() if c.__module__ == errors.__name__)
+    for cls in classes:
+        section = _section("errors.md", cls.__name__)
+        match = BLOCK.search(section)
+        assert match and match.group(2), f"## {cls.__name__}: no python block with its output"
+        assert re.search(rf"except (pt\.)?{cls.__name__} as", match.group(1)), cls.__name__
+        if cls is errors.PolytileError:    # catches every class: print which one it was
+            assert match.group(2).startswith("PolytileError\n")
 
 
 CONSOLE = re.compile(r"^```console\n(.*?)^```", re.S | re.M)
