@@ -73,6 +73,14 @@ def cmd_check(args: argparse.Namespace) -> int:
     return 0
 
 
+def _stages() -> tuple[str, ...]:
+    """Every stage `show` prints: the front end's, then each backend's below the IR."""
+    from polytile.backends import backends
+
+    below = (stage for backend in backends() for stage in backend.stages)
+    return ("ast", "program", "ir", *dict.fromkeys(below))
+
+
 def cmd_show(args: argparse.Namespace) -> int:
     from polytile.lang.parser import parse
     from polytile.lang.printer import format_module
@@ -107,10 +115,13 @@ def cmd_show(args: argparse.Namespace) -> int:
         ir = compiler.ir(_specialize(fn, args.sizes))
         if args.stage == "ir":
             print(format_ir(ir))
-        else:
-            from polytile.codegen.c import generate_c
-
-            print(generate_c(ir).text)
+            continue
+        backend = compiler.backend
+        if args.stage not in backend.stages:
+            raise PolytileError(f"target {compiler.target.name} has backend {backend.name}, "
+                                f"which has no stage {args.stage!r}",
+                                hint=f"its stages: ir, {', '.join(backend.stages)}")
+        print(backend.generate(ir, compiler.target).text(args.stage))
     return 0
 
 
@@ -237,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     check.set_defaults(run=cmd_check)
     show = sub.add_parser("show", help="print one stage: ast, program, ir or c")
     show.add_argument("file", help="TC source file, or - for standard input")
-    show.add_argument("--stage", choices=("ast", "program", "ir", "c"), default="program")
+    show.add_argument("--stage", choices=_stages(), default="program")
     show.add_argument("--sizes", type=_sizes, default=None, help="e.g. M=128,K=64")
     show.add_argument("--function", default=None, help="only this function")
     show.add_argument("--target", default=None,

@@ -6,8 +6,8 @@
       -> passes         the target's pipeline (polytile.passes)
       -> key            hash of the printed IR + signature + target + flags + compiler
                         (pass options: the caller's, else the tuned ones for the TuningKey)
-      -> codegen        C source (only on a cache miss)
-      -> build/load     shared object from the compilation cache
+      -> backend        the target's backend (polytile.backends): its stages' texts
+                        (C source) and its build, only on a cache miss; its loader
 """
 from __future__ import annotations
 
@@ -15,13 +15,14 @@ import hashlib
 import json
 import warnings
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
 from polytile.config import Config
 from polytile.dtypes import scalar_problem
+from polytile.backends import Backend, Generated, backend_for
 from polytile.codegen.cabi import ERR_INDEX, ERR_NOMEM
 from polytile.errors import (BuildError, KernelError, OutOfBoundsError, PolytileError,
                              TuningEntryWarning)
@@ -32,14 +33,12 @@ from polytile.runtime.cache import KernelCache, LoadedLibrary
 from polytile.runtime.files import sha256_text
 from polytile.runtime.kernel import Kernel
 from polytile.runtime.key import CacheKey
-from polytile.runtime.sanitize import missing_runtime, sanitizer_flags
-from polytile.runtime.toolchain import BuildOptions, flags_for
+from polytile.runtime.sanitize import missing_runtime
 from polytile.sema.canonical import canonical
 from polytile.sema.specialize import Specialized
 from polytile.targets.target import Target
 
 _CACHES: dict[Config, KernelCache] = {}
-SYMBOL = "polytile_kernel"
 
 
 def kernel_cache(config: Config) -> KernelCache:
@@ -120,26 +119,30 @@ class Compiler:
                 _warn_unusable_entry(key, tuned, e, spec.fn.name)
         return self.optimize(lowered, {}), {}
 
+    @property
+    def backend(self) -> Backend:
+        return backend_for(self.target)
+
     def flags(self) -> tuple[str, ...]:
-        toolchain = kernel_cache(self.config).toolchain
-        extra = tuple(f for f in self.target.cflags if not f.startswith("-O"))
-        opt = next((int(f[2:]) for f in self.target.cflags if f[:2] == "-O" and f[2:].isdigit()),
-                   3)
-        extra += sanitizer_flags(self.config.sanitize)
-        return flags_for(toolchain, BuildOptions(opt_level=opt, native=False,
-                                                 openmp=self.target.openmp, extra=extra))
+        return self.backend.flags(self.target, kernel_cache(self.config).toolchain,
+                                  self.config.sanitize)
 
     def build(self, spec: Specialized) -> Built:
-        """Optimize, then find or build the shared object (generating C only on a miss)."""
-        from polytile.codegen.c import COptions, generate_c
+        """Optimize, then find or build the binary (generating code only on a miss); the
+        cache entry keeps the optimized IR and every stage's text beside it."""
         cache = kernel_cache(self.config)
+        backend = self.backend
         fn, options = self.optimized(spec, lower(canonical(spec)))
         text = format_function(fn)
         key = CacheKey(program=sha256_text(text), signature=_signature(spec),
                        target=self.target.identity, options=_options_text(options),
                        flags=self.flags(), compiler=cache.toolchain.identity)
-        c_options = COptions(symbol=SYMBOL)
-        library = cache.get_or_build(key, lambda: generate_c(fn, c_options).text)
+
+        def generate() -> Generated:
+            below = backend.generate(fn, self.target)
+            return replace(below, stages=(("ir", text),) + below.stages)
+
+        library = cache.get_or_build(key, generate, backend.build)
         return Built(fn, key, library)
 
     def compile(self, spec: Specialized) -> "CompiledFunction":
@@ -148,7 +151,7 @@ class Compiler:
             raise BuildError(missing, hint="run the program with `polytile sanitize -- python "
                                            "SCRIPT.py` (it sets LD_PRELOAD and ASAN_OPTIONS)")
         built = self.build(spec)
-        kernel = Kernel(built.library.so_path, len(built.fn.params))
+        kernel = self.backend.load(built.library.so_path, built.fn)
         return CompiledFunction(spec, kernel, built.library.source_path, built.key)
 
 

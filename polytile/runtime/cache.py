@@ -1,14 +1,15 @@
 """The two-level compilation cache (TC §6.1): a dict in the process, directories on disk.
 
     cache = KernelCache(config)
-    lib = cache.get_or_build(key, lambda: generate_c(...))   # builds at most once per key
-    lib.cdll.my_kernel(...)
+    lib = cache.get_or_build(key, lambda: backend.generate(fn, target), backend.build)
+    lib.cdll.my_kernel(...)                               # built at most once per key
 
 On disk, below `config.cache_dir` (created 0700, see files.ensure_private_dir):
 
-    kernels/<digest>/kernel.c           the generated source
+    kernels/<digest>/kernel.c           the generated source (its name is the backend's)
+    kernels/<digest>/stage-<name>.txt   the text of every other stage (optimized IR, ...)
     kernels/<digest>/kernel-<id>.so     the shared object; <id> is new for every build
-    kernels/<digest>/meta.json          key parts, sha256 of both files, creation time
+    kernels/<digest>/meta.json          key parts, sha256 of source and .so, creation time
     locks/<digest>.lock                 flock held while an entry is checked or built
     tmp/                                builds in progress, entries being deleted
     toolchains/                         compiler probe results (runtime/toolchain.py)
@@ -34,9 +35,10 @@ import secrets
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from polytile.config import Config
 from polytile.errors import BuildError
@@ -45,12 +47,19 @@ from polytile.runtime.files import ensure_private_dir, exclusive_lock, sha256_fi
 from polytile.runtime.key import CacheKey
 from polytile.runtime.toolchain import RECORDS_DIR, Toolchain, detect_toolchain
 
+if TYPE_CHECKING:
+    from polytile.backends import Generated
+
 log = logging.getLogger(__name__)
 
-ENTRY_FORMAT = 1
-SOURCE_NAME = "kernel.c"
+# A backend's compile step: (source, flags, toolchain, binary path, source path).
+BuildStep = Callable[[str, Sequence[str], Toolchain, Path, Path], BuildResult]
+
+ENTRY_FORMAT = 2    # 2: the source file name and the stages are recorded
 META_NAME = "meta.json"
 _SO_NAME = re.compile(r"kernel-[0-9a-f]{16}\.so")
+_SOURCE_NAME = re.compile(r"kernel\.[a-z]{1,8}")
+_STAGE_NAME = re.compile(r"[a-z][a-z0-9_-]{0,31}")
 _STALE_BUILD_SECONDS = 3600.0
 
 
@@ -121,8 +130,10 @@ class KernelCache:
             self._toolchain = detect_toolchain(self.config)
         return self._toolchain
 
-    def get_or_build(self, key: CacheKey, source_fn: Callable[[], str]) -> LoadedLibrary:
-        """The library for `key`; `source_fn` is called only when it must be compiled."""
+    def get_or_build(self, key: CacheKey, generate: Callable[[], Generated],
+                     build: BuildStep | None = None) -> LoadedLibrary:
+        """The library for `key`; `generate` (the stages' texts) and `build` (default: the
+        C compiler) are called only when it must be compiled."""
         hit = self._memory.get(key)
         if hit is not None:
             return hit
@@ -130,9 +141,9 @@ class KernelCache:
             raise ValueError(f"key was made for compiler {key.compiler!r} but this cache "
                              f"builds with {self.toolchain.identity!r}")
         if self.config.disable_disk_cache:
-            lib = self._build_in_temp_dir(key, source_fn)
+            lib = self._build_in_temp_dir(key, generate, build or _build_c)
         else:
-            lib = self._get_or_build_on_disk(key, source_fn)
+            lib = self._get_or_build_on_disk(key, generate, build or _build_c)
         # setdefault: if two threads raced, both get the first library stored.
         return self._memory.setdefault(key, lib)
 
@@ -146,7 +157,8 @@ class KernelCache:
         self.clear_memory()
         return clear_cache(self.config)
 
-    def _get_or_build_on_disk(self, key: CacheKey, source_fn: Callable[[], str]) -> LoadedLibrary:
+    def _get_or_build_on_disk(self, key: CacheKey, generate: Callable[[], Generated],
+                              build: BuildStep) -> LoadedLibrary:
         # Opened (a few stat calls) on every disk lookup rather than once, so a cache
         # directory removed or loosened while the process runs is noticed.
         layout = _Layout.open(self.config.cache_dir)
@@ -173,7 +185,7 @@ class KernelCache:
             _remove_stale_builds(layout.tmp, digest)
             build_dir = layout.tmp / f"build-{digest}-{secrets.token_hex(4)}"
             build_dir.mkdir(mode=0o700)
-            source = self._build_entry(build_dir, key, source_fn)
+            source = self._build_entry(build_dir, key, generate, build)
             _install(build_dir, entry, key, layout.tmp)
             try:
                 return _load_entry(entry, key)
@@ -183,17 +195,22 @@ class KernelCache:
                                  hint="the C compiler produced an unusable shared object; "
                                       "check POLYTILE_CC and the compile flags") from e
 
-    def _build_entry(self, build_dir: Path, key: CacheKey, source_fn: Callable[[], str]) -> str:
+    def _build_entry(self, build_dir: Path, key: CacheKey, generate: Callable[[], Generated],
+                     build: BuildStep) -> str:
         """Fill `build_dir` with a complete entry for `key`; return the source."""
         try:
-            source = source_fn()
+            generated = _checked(generate())
+            source = generated.source
+            for stage, text in generated.stages[:-1]:
+                (build_dir / f"stage-{stage}.txt").write_text(text, encoding="utf-8")
             so_path = build_dir / f"kernel-{secrets.token_hex(8)}.so"
-            source_path = build_dir / SOURCE_NAME
-            result = self._compile(source, key, so_path, source_path, build_dir)
+            source_path = build_dir / generated.source_name
+            result = self._compile(build, source, key, so_path, source_path, build_dir)
             meta = {
                 "format": ENTRY_FORMAT, "digest": key.digest(), "key": key.parts(),
                 "so": so_path.name, "so_sha256": sha256_file(so_path),
-                "source_sha256": sha256_file(source_path),
+                "source": generated.source_name, "source_sha256": sha256_file(source_path),
+                "stages": [stage for stage, _ in generated.stages],
                 "created": time.time(), "polytile_version": _polytile_version(),
                 "build_seconds": round(result.seconds, 3),
                 "compiler_output": result.compiler_output,
@@ -206,13 +223,15 @@ class KernelCache:
                 shutil.rmtree(build_dir, ignore_errors=True)
             raise
 
-    def _build_in_temp_dir(self, key: CacheKey, source_fn: Callable[[], str]) -> LoadedLibrary:
+    def _build_in_temp_dir(self, key: CacheKey, generate: Callable[[], Generated],
+                           build: BuildStep) -> LoadedLibrary:
         build_dir = Path(tempfile.mkdtemp(prefix="polytile-build-"))
         try:
-            source = source_fn()
+            generated = _checked(generate())
+            source = generated.source
             so_path = build_dir / f"kernel-{secrets.token_hex(8)}.so"
-            source_path = build_dir / SOURCE_NAME
-            self._compile(source, key, so_path, source_path, build_dir)
+            source_path = build_dir / generated.source_name
+            self._compile(build, source, key, so_path, source_path, build_dir)
             try:
                 cdll = ctypes.CDLL(str(so_path))
             except OSError as e:
@@ -222,11 +241,10 @@ class KernelCache:
             if not self.config.keep_build_dirs:
                 shutil.rmtree(build_dir, ignore_errors=True)
 
-    def _compile(self, source: str, key: CacheKey, so_path: Path, source_path: Path,
-                 build_dir: Path) -> BuildResult:
+    def _compile(self, build: BuildStep, source: str, key: CacheKey, so_path: Path,
+                 source_path: Path, build_dir: Path) -> BuildResult:
         try:
-            return build_shared_object(source, key.flags, self.toolchain, so_path,
-                                       source_path=source_path)
+            return build(source, key.flags, self.toolchain, so_path, source_path)
         except BuildError as e:
             if not self.config.keep_build_dirs:
                 raise
@@ -236,6 +254,20 @@ class KernelCache:
                              hint=f"the source and the failed build are kept in {kept}") from e
 
 
+def _build_c(source: str, flags: Sequence[str], toolchain: Toolchain, so_path: Path,
+             source_path: Path) -> BuildResult:
+    return build_shared_object(source, flags, toolchain, so_path, source_path=source_path)
+
+
+def _checked(generated: Generated) -> Generated:
+    """Stage and file names become paths in the entry: only plain ones."""
+    if not _SOURCE_NAME.fullmatch(generated.source_name) or not all(
+            _STAGE_NAME.fullmatch(stage) for stage, _ in generated.stages):
+        raise ValueError(f"bad stage or source names: {generated.source_name!r}, "
+                         f"{[stage for stage, _ in generated.stages]}")
+    return generated
+
+
 def _is_entry_dir(entry: Path) -> bool:
     """Entries are directories polytile renamed into place, never symlinks: a link could
     point anywhere (and a dangling one made every later call fail)."""
@@ -243,12 +275,13 @@ def _is_entry_dir(entry: Path) -> bool:
 
 
 def _load_entry(entry: Path, key: CacheKey) -> LoadedLibrary:
-    so_path = _verified_so(entry, key)
-    return LoadedLibrary(ctypes.CDLL(str(so_path)), so_path, entry / SOURCE_NAME, key.digest())
+    so_path, source_path = _verified_so(entry, key)
+    return LoadedLibrary(ctypes.CDLL(str(so_path)), so_path, source_path, key.digest())
 
 
-def _verified_so(entry: Path, key: CacheKey) -> Path:
-    """The entry's shared object once meta.json, the source and the .so agree, else _InvalidEntry."""
+def _verified_so(entry: Path, key: CacheKey) -> tuple[Path, Path]:
+    """The entry's shared object and source once meta.json, the source and the .so agree,
+    else _InvalidEntry."""
     try:
         meta = json.loads((entry / META_NAME).read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
@@ -257,18 +290,20 @@ def _verified_so(entry: Path, key: CacheKey) -> Path:
         raise _InvalidEntry(f"{META_NAME} has an unknown format")
     if meta.get("key") != key.parts():
         raise _InvalidEntry(f"{META_NAME} records a different key")
-    so_name = meta.get("so")
+    so_name, source_name = meta.get("so"), meta.get("source")
     if not isinstance(so_name, str) or not _SO_NAME.fullmatch(so_name):
         raise _InvalidEntry(f"{META_NAME} names no valid shared object")
+    if not isinstance(source_name, str) or not _SOURCE_NAME.fullmatch(source_name):
+        raise _InvalidEntry(f"{META_NAME} names no valid source file")
     for name, recorded in ((so_name, meta.get("so_sha256")),
-                           (SOURCE_NAME, meta.get("source_sha256"))):
+                           (source_name, meta.get("source_sha256"))):
         try:
             actual = sha256_file(entry / name)
         except OSError as e:
             raise _InvalidEntry(f"{name} is missing or unreadable ({e.strerror})") from e
         if actual != recorded:
             raise _InvalidEntry(f"{name} does not match its recorded sha256")
-    return entry / so_name
+    return entry / so_name, entry / source_name
 
 
 def _install(build_dir: Path, entry: Path, key: CacheKey, tmp: Path) -> None:

@@ -17,8 +17,9 @@ from typing import Any, Sequence
 import _cffi_backend
 import cffi
 
+SYMBOL = "polytile_kernel"    # the name every kernel exports
 _FFI = cffi.FFI()
-_FFI.cdef("int32_t polytile_kernel(void **args, int64_t *err);")
+_FFI.cdef(f"int32_t {SYMBOL}(void **args, int64_t *err);")
 # The backend's own functions: the FFI wrappers cost as much as the work on tiny calls.
 _newp = _cffi_backend.newp
 _from_buffer = _cffi_backend.from_buffer

@@ -5,6 +5,7 @@ import ctypes
 import shutil
 from pathlib import Path
 
+from polytile.backends import Generated
 from polytile.runtime.cache import KernelCache, LoadedLibrary
 from polytile.runtime.key import CacheKey
 from polytile.runtime.toolchain import BuildOptions, Toolchain, flags_for
@@ -13,6 +14,11 @@ ADD_SOURCE = """\
 #include <stdint.h>
 int64_t add(int64_t a, int64_t b) { return a + b; }
 """
+
+
+def c_only(source: str) -> Generated:
+    """A C source as a backend's only stage."""
+    return Generated((("c", source),), "kernel.c")
 
 
 def make_key(toolchain: Toolchain, program: str = "add") -> CacheKey:
@@ -30,7 +36,7 @@ def call_add(lib: LoadedLibrary, a: int, b: int) -> int:
 
 
 def get_add(cache: KernelCache, program: str = "add") -> LoadedLibrary:
-    return cache.get_or_build(make_key(cache.toolchain, program), lambda: ADD_SOURCE)
+    return cache.get_or_build(make_key(cache.toolchain, program), lambda: c_only(ADD_SOURCE))
 
 
 def logging_compiler(directory: Path) -> tuple[Path, Path] | None:

@@ -10,12 +10,13 @@ from pathlib import Path
 
 import pytest
 
+from polytile.backends import Generated
 from polytile.config import Config
 from polytile.errors import BuildError, PolytileError
 from polytile.runtime.cache import KernelCache, cache_info, clear_cache
 from polytile.runtime.toolchain import Toolchain, compiler_invocations
 
-from .helpers import ADD_SOURCE, call_add, get_add, make_key
+from .helpers import ADD_SOURCE, c_only, call_add, get_add, make_key
 
 
 def entries(config: Config) -> list[Path]:
@@ -33,16 +34,38 @@ def test_build_load_and_call(config: Config) -> None:
     assert meta["key"] == make_key(KernelCache(config).toolchain).parts()
     assert {"so_sha256", "source_sha256", "created", "polytile_version"} <= set(meta)
     assert (entry / "kernel.c").read_text() == ADD_SOURCE
+    assert meta["source"] == "kernel.c" and meta["stages"] == ["c"]
     assert list((config.cache_dir / "tmp").iterdir()) == []
+
+
+def test_every_stage_is_kept_beside_the_source(config: Config) -> None:
+    cache = KernelCache(config)
+    stages = Generated((("ir", "the optimized IR"), ("loops", "the loops"), ("c", ADD_SOURCE)),
+                       "kernel.c")
+    lib = cache.get_or_build(make_key(cache.toolchain), lambda: stages)
+    entry = lib.so_path.parent
+    assert (entry / "stage-ir.txt").read_text() == "the optimized IR"
+    assert (entry / "stage-loops.txt").read_text() == "the loops"
+    assert lib.source_path == entry / "kernel.c" and lib.source_path.read_text() == ADD_SOURCE
+    assert json.loads((entry / "meta.json").read_text())["stages"] == ["ir", "loops", "c"]
+
+
+@pytest.mark.parametrize("generated", [Generated((("c", ADD_SOURCE),), "../kernel.c"),
+                                       Generated((("../c", ADD_SOURCE),), "kernel.c")])
+def test_stage_and_source_names_are_plain(config: Config, generated: Generated) -> None:
+    cache = KernelCache(config)
+    with pytest.raises(ValueError, match="bad stage or source names"):
+        cache.get_or_build(make_key(cache.toolchain), lambda: generated)
+    assert entries(config) == []
 
 
 def test_memory_hit_calls_nothing(config: Config) -> None:
     cache = KernelCache(config)
     calls: list[int] = []
 
-    def source() -> str:
+    def source() -> Generated:
         calls.append(1)
-        return ADD_SOURCE
+        return c_only(ADD_SOURCE)
 
     key = make_key(cache.toolchain)
     first = cache.get_or_build(key, source)
@@ -107,9 +130,16 @@ def corrupt_meta_points_elsewhere(entry: Path, so: Path) -> None:
     (entry / "meta.json").write_text(json.dumps(meta))
 
 
+def corrupt_meta_source_elsewhere(entry: Path, so: Path) -> None:
+    meta = json.loads((entry / "meta.json").read_text())
+    meta["source"] = "../../kernel.c"
+    (entry / "meta.json").write_text(json.dumps(meta))
+
+
 @pytest.mark.parametrize("corrupt", [corrupt_truncate, corrupt_flip_byte, corrupt_remove_so,
                                      corrupt_remove_source, corrupt_meta,
-                                     corrupt_meta_points_elsewhere])
+                                     corrupt_meta_points_elsewhere,
+                                     corrupt_meta_source_elsewhere])
 def test_corrupted_entry_is_discarded_and_rebuilt(config: Config, corrupt, caplog) -> None:
     old = get_add(KernelCache(config))
     corrupt(old.so_path.parent, old.so_path)
@@ -147,7 +177,7 @@ def test_concurrent_threads_build_once(config: Config, toolchain: Toolchain) -> 
 def test_build_error_leaves_no_entry(config: Config) -> None:
     cache = KernelCache(config)
     with pytest.raises(BuildError) as info:
-        cache.get_or_build(make_key(cache.toolchain), lambda: "int broken( {")
+        cache.get_or_build(make_key(cache.toolchain), lambda: c_only("int broken( {"))
     assert info.value.source_code == "int broken( {"
     assert entries(config) == []
     assert list((config.cache_dir / "tmp").iterdir()) == []
@@ -156,7 +186,7 @@ def test_build_error_leaves_no_entry(config: Config) -> None:
 def test_build_error_keeps_build_dir_when_asked(config: Config) -> None:
     cache = KernelCache(dataclasses.replace(config, keep_build_dirs=True))
     with pytest.raises(BuildError) as info:
-        cache.get_or_build(make_key(cache.toolchain), lambda: "int broken( {")
+        cache.get_or_build(make_key(cache.toolchain), lambda: c_only("int broken( {"))
     (kept,) = (config.cache_dir / "tmp").iterdir()
     assert str(kept) in (info.value.hint or "")
     assert (kept / "kernel.c").read_text() == "int broken( {"
@@ -167,7 +197,7 @@ def test_build_error_keeps_build_dir_when_asked(config: Config) -> None:
 def test_source_fn_errors_propagate_and_release_the_lock(config: Config) -> None:
     cache = KernelCache(config)
 
-    def fail() -> str:
+    def fail() -> Generated:
         raise RuntimeError("codegen bug")
 
     with pytest.raises(RuntimeError, match="codegen bug"):
@@ -178,7 +208,7 @@ def test_source_fn_errors_propagate_and_release_the_lock(config: Config) -> None
 def test_key_for_another_compiler_is_refused(config: Config, toolchain: Toolchain) -> None:
     key = dataclasses.replace(make_key(toolchain), compiler="some other cc")
     with pytest.raises(ValueError, match="compiler"):
-        KernelCache(config, toolchain).get_or_build(key, lambda: ADD_SOURCE)
+        KernelCache(config, toolchain).get_or_build(key, lambda: c_only(ADD_SOURCE))
 
 
 def test_no_disk_cache_touches_no_cache_dir(tmp_path: Path) -> None:

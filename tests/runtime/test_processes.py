@@ -15,6 +15,7 @@ from polytile.runtime.key import CacheKey
 # Configured only through the environment, as a user's process would be.
 CHILD = """\
 import ctypes, pathlib, sys, time
+from polytile.backends import Generated
 from polytile.config import load_config
 from polytile.runtime.cache import KernelCache
 from polytile.runtime.key import CacheKey
@@ -27,7 +28,7 @@ cache = KernelCache(load_config())
 tc = cache.toolchain
 key = CacheKey(program="add", signature="int64,int64", target="test-host", options="",
                flags=flags_for(tc, BuildOptions(openmp=False)), compiler=tc.identity)
-lib = cache.get_or_build(key, lambda: SOURCE)
+lib = cache.get_or_build(key, lambda: Generated((("c", SOURCE),), "kernel.c"))
 fn = lib.cdll.add
 fn.restype = ctypes.c_int64
 fn.argtypes = [ctypes.c_int64, ctypes.c_int64]
@@ -100,4 +101,4 @@ def test_two_processes_build_the_same_key_at_once(tmp_path: Path,
     parts = json.loads((entry / "meta.json").read_text())["key"]
     key = CacheKey(**{**parts, "flags": tuple(parts["flags"])})
     assert key.digest() == entry.name
-    assert _verified_so(entry, key).exists()
+    assert all(path.exists() for path in _verified_so(entry, key))

@@ -1,0 +1,47 @@
+"""The C backend for x86-64 (and any machine gcc/clang targets): C99 + OpenMP, built into a
+shared object by the system compiler, called through cffi.
+
+Stages: "c" (the source, polytile.codegen.c). The ISA comes from the target's cflags
+(`-march=...`); the vector widths were chosen by the passes for the target.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from polytile.backends import Generated, register
+from polytile.codegen.c import COptions, generate_c
+from polytile.ir import nodes as N
+from polytile.runtime.build import BuildResult, build_shared_object
+from polytile.runtime.kernel import SYMBOL, Kernel
+from polytile.runtime.sanitize import sanitizer_flags
+from polytile.runtime.toolchain import BuildOptions, Toolchain, flags_for
+from polytile.targets.target import Target
+
+
+class CX86Backend:
+    name = "c-x86"
+    stages = ("c",)
+
+    def generate(self, fn: N.Function, target: Target) -> Generated:
+        return Generated((("c", generate_c(fn, COptions(symbol=SYMBOL)).text),), "kernel.c")
+
+    def flags(self, target: Target, toolchain: Toolchain,
+              sanitize: Sequence[str]) -> tuple[str, ...]:
+        """The target's cflags with its -O level, -fopenmp where the compiler has it, and
+        the sanitizers' flags."""
+        extra = tuple(f for f in target.cflags if not f.startswith("-O"))
+        opt = next((int(f[2:]) for f in target.cflags if f[:2] == "-O" and f[2:].isdigit()), 3)
+        extra += sanitizer_flags(tuple(sanitize))
+        return flags_for(toolchain, BuildOptions(opt_level=opt, native=False,
+                                                 openmp=target.openmp, extra=extra))
+
+    def build(self, source: str, flags: Sequence[str], toolchain: Toolchain, out_path: Path,
+              source_path: Path) -> BuildResult:
+        return build_shared_object(source, flags, toolchain, out_path, source_path=source_path)
+
+    def load(self, binary: Path, fn: N.Function) -> Kernel:
+        return Kernel(binary, len(fn.params))
+
+
+register(CX86Backend())
