@@ -17,6 +17,7 @@ from polytile import dtypes
 from polytile.config import Config, load_config, parse_sanitizers
 from polytile.deep import SHALLOW, call_deep
 from polytile.errors import ArgumentError, PolytileError
+from polytile.interop.adapters import NUMPY, Adapter, AdapterError, adapter_for
 from polytile.lang.parser import parse
 from polytile.sema import program as P
 from polytile.sema import reference
@@ -142,15 +143,15 @@ class TCFunction:
 
     def _checked_call(self, args: tuple[Any, ...], out: Any) -> Any:
         """Bind and check the arguments, specialize and compile on a new shape, run."""
-        inputs, scalars = self._bind_inputs(args)
-        key = self._key(args)
+        inputs, scalars, adapter = self._bind_inputs(args)
+        key = self._bound_key(inputs, scalars)
         spec = self._specs.get(key)
         if spec is None:
             shapes = {p.name: inputs[p.name].shape for p in self.fn.params
                       if p.kind == "input"}
             spec = specialize(self.fn, shapes, scalars)
             self._specs[key] = spec
-        outputs, user_out = self._bind_outputs(spec, out)
+        outputs, results = self._bind_outputs(spec, out, adapter)
         if self.compiler is None:
             reference.run(spec, {**inputs, **scalars}, outputs)
         else:
@@ -158,14 +159,6 @@ class TCFunction:
             if kernel is None:
                 kernel = self._kernels[key] = self.compiler.compile(spec)
             kernel.run(inputs, scalars, outputs)
-        results = []
-        for o in self.fn.outputs:
-            target = user_out.get(o.name)
-            if target is not None and target is not outputs[o.name]:
-                target[...] = outputs[o.name]
-                results.append(target)
-            else:
-                results.append(outputs[o.name])
         return results[0] if len(results) == 1 else tuple(results)
 
     def _unknown_keywords(self, unknown: dict[str, Any]) -> ArgumentError:
@@ -184,18 +177,23 @@ class TCFunction:
             raise ArgumentError("tuning needs the C backend", self.fn.loc,
                                 "define the module with backend='c'")
         options = TuneSettings.of(**settings)
-        inputs, scalars = self._bind_inputs(args)
+        inputs, scalars, adapter = self._bind_inputs(args)
         shapes = {p.name: inputs[p.name].shape for p in self.fn.params if p.kind == "input"}
         spec = specialize(self.fn, shapes, scalars)
-        outputs, _ = self._bind_outputs(spec, out)
+        outputs, _ = self._bind_outputs(spec, out, adapter)
         sizes = ",".join(f"{k}={v}" for k, v in spec.env)
         result = tune_spec(self.compiler, spec, inputs, scalars, outputs, options,
                            label=f"{self.name} {sizes}")
         # The next call compiles again, which now finds the tuned options.
-        self._kernels.pop(self._key(args), None)
+        self._kernels.pop(self._bound_key(inputs, scalars), None)
         return result
 
-    def _key(self, args: tuple[Any, ...]) -> tuple:
+    def _bound_key(self, inputs: dict[str, np.ndarray], scalars: dict[str, Any]) -> tuple:
+        """The key of bound arguments (views of any adapted array)."""
+        return self._key([inputs[p.name] if p.kind == "input" else scalars[p.name]
+                          for p in self.fn.params])
+
+    def _key(self, args: Sequence[Any]) -> tuple:
         """Shapes of the tensors and values of the integer scalars: one compiled kernel each."""
         # Runs on every call: list comprehensions (a generator costs a microsecond), and no
         # tuple built when there are no integer scalars.
@@ -219,7 +217,10 @@ class TCFunction:
         return kernel.run_fast(args, out)
 
     # ------------------------------------------------------------ binding
-    def _bind_inputs(self, args: tuple[Any, ...]) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    def _bind_inputs(self, args: tuple[Any, ...]
+                     ) -> tuple[dict[str, np.ndarray], dict[str, Any], Adapter]:
+        """NumPy views of the tensors, checked scalars, and the adapter that makes the
+        outputs: that of the first tensor argument (polytile.interop.adapters)."""
         params = self.fn.params
         if len(args) != len(params):
             names = ", ".join(p.name for p in params)
@@ -228,17 +229,22 @@ class TCFunction:
                                 f"{len(args)}", self.fn.loc)
         inputs: dict[str, np.ndarray] = {}
         scalars: dict[str, Any] = {}
+        first: Adapter | None = None
         for p, value in zip(params, args):
             if p.kind == "scalar":
                 scalars[p.name] = _scalar(p, value)
             else:
-                inputs[p.name] = _array(p, value)
-        return inputs, scalars
+                adapter, inputs[p.name] = _array(p, value)
+                first = first or adapter
+        return inputs, scalars, first or NUMPY
 
-    def _bind_outputs(self, spec: Specialized, out: Any
-                      ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    def _bind_outputs(self, spec: Specialized, out: Any, adapter: Adapter
+                      ) -> tuple[dict[str, np.ndarray], list[Any]]:
+        """NumPy views the kernel writes, and the objects returned to the caller: the
+        out= ones, else new ones made by `adapter`."""
         user = _out_mapping(self.fn, out)
         outputs: dict[str, np.ndarray] = {}
+        results: list[Any] = []
         for o in self.fn.outputs:
             shape = spec.shape(o.name)
             given = user.get(o.name)
@@ -248,17 +254,18 @@ class TCFunction:
                         f"{o.name} is read before it is written (an in/out output): pass its "
                         f"initial value with out=", o.loc,
                         "or start the reduction from its identity with +=!, *=!, min=!, max=!")
-                outputs[o.name] = np.zeros(shape, dtype=o.dtype.numpy)
+                native, outputs[o.name] = adapter.allocate(shape, o.dtype.numpy)
+                results.append(native)
                 continue
-            if not isinstance(given, np.ndarray):
-                raise ArgumentError(f"out= for {o.name} must be a NumPy array", o.loc)
-            if not given.flags.writeable:
+            _, view = _view(o, given, "out= for ")
+            if not view.flags.writeable:
                 raise ArgumentError(f"out= for {o.name} is read-only", o.loc)
-            if given.shape != shape or given.dtype != o.dtype.numpy:
+            if view.shape != shape or view.dtype != o.dtype.numpy:
                 raise ArgumentError(f"out= for {o.name} must have shape {shape} and dtype "
-                                    f"{o.dtype}, got {given.shape} {given.dtype}", o.loc)
-            outputs[o.name] = given
-        return outputs, user
+                                    f"{o.dtype}, got {view.shape} {view.dtype}", o.loc)
+            outputs[o.name] = view
+            results.append(given)
+        return outputs, results
 
 
 def _out_mapping(fn: P.Function, out: Any) -> dict[str, np.ndarray]:
@@ -277,17 +284,25 @@ def _out_mapping(fn: P.Function, out: Any) -> dict[str, np.ndarray]:
     return {o.name: a for o, a in zip(fn.outputs, items) if a is not None}
 
 
-def _array(p: P.Tensor, value: Any) -> np.ndarray:
-    if hasattr(value, "__dlpack__") and not isinstance(value, np.ndarray):
-        value = np.from_dlpack(value)
-    if not isinstance(value, (np.ndarray, np.generic)):
-        raise ArgumentError(f"{p.name} must be a NumPy array of {p.dtype}, got "
+def _view(p: P.Tensor, value: Any, what: str = "") -> tuple[Adapter, np.ndarray]:
+    """An array argument's adapter and a NumPy view of its memory."""
+    adapter = adapter_for(value)
+    if adapter is None:
+        raise ArgumentError(f"{what}{p.name} must be an array of {p.dtype} (NumPy, or any "
+                            f"object with __dlpack__ or the buffer protocol), got "
                             f"{type(value).__name__}", p.loc)
-    array = np.asarray(value)
+    try:
+        return adapter, adapter.view(value)
+    except AdapterError as e:
+        raise ArgumentError(f"{what}{p.name}: {e}", p.loc) from None
+
+
+def _array(p: P.Tensor, value: Any) -> tuple[Adapter, np.ndarray]:
+    adapter, array = _view(p, value)
     if array.dtype != p.dtype.numpy:
         raise ArgumentError(f"{p.name} must have dtype {p.dtype}, got {array.dtype}", p.loc,
                             f"convert it with .astype(np.{p.dtype.numpy})")
-    return array
+    return adapter, array
 
 
 def _scalar(p: P.Tensor, value: Any) -> Any:

@@ -1,0 +1,111 @@
+"""Adapters: how the caller's arrays become kernel arguments, and how outputs are made.
+
+A kernel argument is (pointer, shape, strides, dtype); a NumPy array is exactly that
+record, so an adapter turns a caller's object into a NumPy *view* of the same memory
+(no copy) and makes new outputs in the caller's kind of array:
+
+    adapter = adapter_for(value)            # the first registered adapter that accepts it
+    view = adapter.view(value)              # np.ndarray on the same memory
+    native, view = adapter.allocate(shape, dtype)   # an output and its view
+
+The launcher (polytile.compile.CompiledFunction) then checks shapes and dtypes, copies
+what is not C-contiguous, and calls the kernel. Outputs are made by the adapter of the
+first tensor argument, so a function called on framework tensors returns framework
+tensors. Adapters shipped here: NumPy arrays, then any object with `__dlpack__` (CPU
+memory) or the buffer protocol; both of the latter return NumPy outputs (a generic
+DLPack producer has no way to be asked for a new array). A framework adds its own with
+`register_adapter` (placed before the generic ones).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+
+class Adapter(Protocol):
+    name: str
+
+    def accepts(self, value: Any) -> bool: ...
+
+    def view(self, value: Any) -> np.ndarray: ...
+
+    def allocate(self, shape: tuple[int, ...], dtype: np.dtype) -> tuple[Any, np.ndarray]: ...
+
+
+class AdapterError(Exception):
+    """An accepted object whose memory cannot be reached from the CPU (the message says why)."""
+
+
+@dataclass(frozen=True)
+class NumpyAdapter:
+    name: str = "numpy"
+
+    def accepts(self, value: Any) -> bool:
+        return isinstance(value, (np.ndarray, np.generic))
+
+    def view(self, value: Any) -> np.ndarray:
+        return np.asarray(value)
+
+    def allocate(self, shape: tuple[int, ...], dtype: np.dtype) -> tuple[Any, np.ndarray]:
+        array = np.zeros(shape, dtype)
+        return array, array
+
+
+@dataclass(frozen=True)
+class DLPackAdapter(NumpyAdapter):
+    """Objects with `__dlpack__` in CPU memory (JAX, CuPy host arrays, TensorFlow, ...)."""
+
+    name: str = "dlpack"
+
+    def accepts(self, value: Any) -> bool:
+        return hasattr(value, "__dlpack__")
+
+    def view(self, value: Any) -> np.ndarray:
+        try:
+            return np.from_dlpack(value)
+        except (BufferError, RuntimeError, TypeError, ValueError) as e:
+            raise AdapterError(f"its memory cannot be read on the CPU through DLPack ({e})"
+                               ) from e
+
+
+@dataclass(frozen=True)
+class BufferAdapter(NumpyAdapter):
+    """Objects exporting the buffer protocol (array.array, memoryview, bytearray, ...)."""
+
+    name: str = "buffer"
+
+    def accepts(self, value: Any) -> bool:
+        try:
+            memoryview(value).release()
+        except TypeError:
+            return False
+        return True
+
+    def view(self, value: Any) -> np.ndarray:
+        try:
+            return np.asarray(memoryview(value))
+        except (TypeError, ValueError) as e:     # a format NumPy has no dtype for
+            raise AdapterError(f"its buffer cannot be viewed as an array ({e})") from e
+
+
+NUMPY = NumpyAdapter()
+_ADAPTERS: list[Adapter] = [NUMPY, DLPackAdapter(), BufferAdapter()]
+_GENERIC = 2    # the last entries: DLPack and the buffer protocol, tried after any framework's
+
+
+def register_adapter(adapter: Adapter) -> None:
+    """Add an adapter for a framework's arrays; it is tried before the generic ones."""
+    if any(a.name == adapter.name for a in _ADAPTERS):
+        raise ValueError(f"an adapter called {adapter.name!r} is registered already")
+    _ADAPTERS.insert(len(_ADAPTERS) - _GENERIC, adapter)
+
+
+def adapter_for(value: Any) -> Adapter | None:
+    """The first adapter that accepts `value`, or None."""
+    return next((a for a in _ADAPTERS if a.accepts(value)), None)
+
+
+def adapters() -> tuple[Adapter, ...]:
+    return tuple(_ADAPTERS)
