@@ -104,7 +104,12 @@ def register_adapter(adapter: Adapter) -> None:
 
 def adapter_for(value: Any) -> Adapter | None:
     """The first adapter that accepts `value`, or None."""
-    return next((a for a in _ADAPTERS if a.accepts(value)), None)
+    if type(value) is np.ndarray:     # the common case, answered without a search
+        return NUMPY
+    for adapter in _ADAPTERS:
+        if adapter.accepts(value):
+            return adapter
+    return None
 
 
 def adapters() -> tuple[Adapter, ...]:
