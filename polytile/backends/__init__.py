@@ -82,10 +82,15 @@ def backends() -> tuple[Backend, ...]:
 
 def backend_for(target: Target) -> Backend:
     """The backend `target` names; an ArgumentError for a name no module registers."""
+    return backend_named(target.backend, f"target {target.name} names")
+
+
+def backend_named(name: str, who: str | None = None) -> Backend:
+    """The backend registered as `name` (`who` names it, for the error)."""
     known = {b.name: b for b in backends()}
     try:
-        return known[target.backend]
+        return known[name]
     except KeyError:
-        raise ArgumentError(f"target {target.name} names backend {target.backend!r}, which "
-                            "polytile does not have",
-                            hint=f"known backends: {', '.join(sorted(known))}") from None
+        what = f"{who} backend {name!r}, which polytile does not have" if who \
+            else f"unknown backend {name!r}"
+        raise ArgumentError(what, hint=f"known backends: {', '.join(sorted(known))}") from None

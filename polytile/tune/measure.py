@@ -39,6 +39,7 @@ from typing import Any, Self
 
 from polytile.config import Config
 from polytile.errors import PolytileError
+from polytile.ir import nodes as N
 from polytile.sema.specialize import Specialized
 from polytile.targets.target import Target
 from polytile.tune.lifetime import die_with_parent
@@ -69,7 +70,8 @@ class Build:
     status: str                # "ok", "compile-error" or "compile-timeout"
     so_path: str = ""
     program: str = ""          # sha256 of the optimized IR: equal programs, equal kernels
-    n_params: int = 0
+    backend: str = ""          # the backend that loads it (polytile.backends)
+    fn: N.Function | None = None   # the optimized IR, for the backend's loader
     seconds: float = 0.0
     detail: str = ""
 
@@ -101,7 +103,7 @@ def build_one(job: BuildJob, options: Options, timeout: float) -> Build:
     try:
         built = Compiler(job.config, job.target, options=options.pass_options()).build(job.spec)
         return Build(options, "ok", str(built.library.so_path), built.key.program,
-                     len(built.fn.params), time.perf_counter() - start)
+                     job.target.backend, built.fn, time.perf_counter() - start)
     except _CompileTimeout:
         return Build(options, "compile-timeout", seconds=time.perf_counter() - start,
                      detail=f"compiling took more than {timeout:g} s")
@@ -195,7 +197,8 @@ class Runner:
         assert self._proc is not None and self._proc.stdin is not None
         timeout = self.setup.settings.timeout
         try:
-            send(self._proc.stdin.fileno(), (build.so_path, build.n_params, prune_seconds))
+            send(self._proc.stdin.fileno(),
+                 (build.backend, build.so_path, build.fn, prune_seconds))
             reply = self._receive(timeout)
         except (EOFError, OSError):
             return self._died()

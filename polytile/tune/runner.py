@@ -3,7 +3,7 @@ output once, and times it. It runs apart from the tuner (polytile.tune.measure
 starts it), so a candidate that crashes or hangs takes only this process down.
 
 Protocol on stdin / a private copy of stdout: length-prefixed pickles. First a
-RunnerSetup, answered by "ready"; then one (so_path, n_params, prune_seconds) per
+RunnerSetup, answered by "ready"; then one (backend, so_path, fn, prune_seconds) per
 candidate, answered by a RunReport; None ends the process. Anything the kernels
 print goes to stderr: stdout is moved away before any kernel is loaded.
 
@@ -22,11 +22,14 @@ import struct
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 import numpy as np
 
 from polytile.tune.lifetime import die_with_parent
+
+if TYPE_CHECKING:
+    from polytile.ir import nodes as N
 
 _HEADER = struct.Struct("<Q")
 PRUNE_MIN_SECONDS = 0.01     # below this, timing a candidate fully costs little anyway
@@ -97,8 +100,8 @@ def main(parent: int | None = None) -> None:
             return
         if job is None:
             return
-        so_path, n_params, prune_seconds = job
-        send(out, measure(so_path, n_params, prune_seconds, setup, sets))
+        backend, so_path, fn, prune_seconds = job
+        send(out, measure(backend, so_path, fn, prune_seconds, setup, sets))
 
 
 def rotation_copies(one_set_bytes: int, rotate_bytes: int) -> int:
@@ -113,12 +116,12 @@ def _rotating_sets(setup: RunnerSetup) -> list[list[np.ndarray]]:
             for _ in range(copies)]
 
 
-def measure(so_path: str, n_params: int, prune_seconds: float | None, setup: RunnerSetup,
-            sets: list[list[np.ndarray]]) -> RunReport:
+def measure(backend: str, so_path: str, fn: N.Function, prune_seconds: float | None,
+            setup: RunnerSetup, sets: list[list[np.ndarray]]) -> RunReport:
     from pathlib import Path
 
-    from polytile.runtime.kernel import Kernel
-    kernel = Kernel(Path(so_path), n_params)
+    from polytile.backends import backend_named
+    kernel = backend_named(backend).load(Path(so_path), fn)
     settings = setup.settings
     first = sets[0]
     outputs = first[len(setup.params):]
