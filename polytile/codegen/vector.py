@@ -30,9 +30,11 @@ from typing import TYPE_CHECKING
 
 from polytile import dtypes
 from polytile.analysis.deps import scalar_indices
+from polytile.analysis.vectorizable import why_not_vector
 from polytile.codegen import cexpr
 from polytile.codegen.cscope import Scope, c_affine, child_view, fixed_indices, resolve, safe
 from polytile.codegen.vmath import MASKED_LANES, VECTOR_MATH_OPS
+from polytile.errors import IRError
 from polytile.ir.nodes import Affine, Block, Constant, Intrinsic, Load, LoadIndex, Store
 
 if TYPE_CHECKING:
@@ -46,8 +48,9 @@ _VMATH = {"exp": "pt_vexp", "log": "pt_vlog", "tanh": "pt_vtanh", "erf": "pt_ver
           "sigmoid": "pt_vsigmoid"}
 DOT_CHAINS = 4      # independent accumulator chains a dot-product kernel keeps at least
 _IDENTITY = {"add": "0.0f", "mul": "1.0f", "max": "-__builtin_inff()", "min": "__builtin_inff()"}
-SUPPORTED_OPS = (frozenset(_INFIX) | frozenset(_LANEWISE) | VECTOR_MATH_OPS
-                 | {"neg", "fmax", "fmin", "relu", "ident", "cast"})
+# The ops analysis.vectorizable admits: the tables above print each of them.
+PRINTED_OPS = (frozenset(_INFIX) | frozenset(_LANEWISE) | VECTOR_MATH_OPS
+               | {"neg", "fmax", "fmin", "relu", "ident", "cast"})
 
 
 @dataclass
@@ -68,55 +71,25 @@ class _Plan:
 
 
 def plan(blk: Block) -> _Plan | None:
-    """The vector plan for a leaf, or None when the scalar code must run instead."""
+    """The vector plan for a leaf whose schedule names a vector index (None without one).
+    The pass that recorded the index proved it vectorizable (analysis.vectorizable); a
+    schedule that is not (hand-written IR) is an IRError, never a silent scalar fallback."""
     loop = blk.schedule.vector
-    if loop is None or any(isinstance(s, Block) for s in blk.stmts):
+    if loop is None:
         return None
     vector, n_lanes = loop.index, loop.lanes
-    stores = [s for s in blk.stmts if isinstance(s, Store)]
-    if len(stores) != 1 or any(not isinstance(s, (Load, Store, Constant, Intrinsic))
-                               and not _step_index(s, blk, vector) for s in blk.stmts):
-        return None
-    # Vector loads and stores are contiguous: every view that moves with the vector
-    # index must move by one element (a schedule from the tuner or a user may ask
-    # for another index; that block then runs the scalar code).
-    for ref in blk.refs:
-        uses = [(a.coeff(vector), d.stride) for a, d in zip(ref.access, ref.shape.dims)
-                if a.coeff(vector)]
-        if uses and uses != [(1, 1)]:
-            return None
-    deps = scalar_indices(blk)
-    # Statements that vary along the vector index run on vectors: float32 only, with
-    # ops that have a vector form. The rest (e.g. gather subscripts) stay scalar.
-    for st in blk.stmts:
-        if isinstance(st, Load):
-            if any(d is not None and vector in deps[d] for d in st.dynamic):
-                return None
-            if st.offset is not None and vector in deps[st.offset]:
-                return None     # a pointer increment per lane would be a gather
-            if vector in deps[st.into] and blk.ref(st.ref).shape.dtype != dtypes.FLOAT32:
-                return None
-        elif isinstance(st, Intrinsic) and vector in deps[st.into]:
-            if st.op not in SUPPORTED_OPS or st.dtype != dtypes.FLOAT32:
-                return None
-    if blk.ref(stores[0].ref).shape.dtype != dtypes.FLOAT32:
-        return None
-    out = blk.ref(stores[0].ref)
-    if out.agg not in ("assign", "add", "mul", "max", "min"):
-        return None
+    reason = why_not_vector(blk, vector)
+    if reason is not None:
+        raise IRError(f"block {blk.name} is scheduled as vector code along {vector}, but "
+                      f"{reason}")
+    out = blk.ref(next(s for s in blk.stmts if isinstance(s, Store)).ref)
     loops = {i.name: i.range for i in blk.idxs if i.affine is None and i.range > 1}
-    if vector not in loops:
-        return None
     written = {n for a in out.access for n in a.names}
     unroll = {u: loops[u] for u in blk.schedule.unroll if u in loops and u != vector}
-    if any(u not in written for u in unroll):
-        return None
     rest = [(n, r) for n, r in loops.items() if n != vector and n not in unroll]
-    vec_red = vector not in written
-    if vec_red and out.agg == "assign":
-        return None
     par, red = _split(rest, blk.schedule.order, written)
-    return _Plan(vector, n_lanes, unroll, par, red, loops[vector], vec_red, out.agg)
+    return _Plan(vector, n_lanes, unroll, par, red, loops[vector], vector not in written,
+                 out.agg)
 
 
 def _split(rest: list[tuple[str, int]], order: tuple[str, ...], written: set[str]
@@ -132,18 +105,6 @@ def _split(rest: list[tuple[str, int]], order: tuple[str, ...], written: set[str
     while split > 0 and loops[split - 1][0] not in written:
         split -= 1
     return loops[:split], loops[split:]
-
-
-def _step_index(st: object, blk: Block, vector: str) -> bool:
-    """An index value used only as the pointer increment of loads (polytile.passes.ptrinc),
-    the same for every lane."""
-    if not isinstance(st, LoadIndex) or vector in st.value.names:
-        return False
-    uses = [s for s in blk.stmts if isinstance(s, (Load, Store, Intrinsic))
-            and st.into in ((s.offset, *s.dynamic) if isinstance(s, Load)
-                            else (s.value,) if isinstance(s, Store) else s.inputs)]
-    return all(isinstance(s, Load) and s.offset == st.into and st.into not in s.dynamic
-               for s in uses)
 
 
 def emit(w: "_FunctionWriter", blk: Block, outer: Scope) -> list[str] | None:

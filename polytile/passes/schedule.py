@@ -16,11 +16,11 @@ import math
 from dataclasses import dataclass, replace
 
 from polytile import dtypes
+from polytile.analysis.vectorizable import why_not_vector
 from polytile.dtypes import DType
 from polytile.errors import ArgumentError
 from polytile.ir import nodes as N
 from polytile.ir import polyhedra
-from polytile.ir.verify import moves_contiguously
 from polytile.passes.tile import tile
 from polytile.targets.target import Target
 
@@ -148,12 +148,15 @@ def thread_loop(block: N.Block) -> str | None:
 
 def _scheduled(block: N.Block, leaf: N.BlockSchedule) -> N.Block:
     """The leaf's register-tile schedule, keeping what an earlier pass recorded (the
-    transpose width of a pack copy). A vector index that does not move every view by
-    one element (a tuner or a caller may ask for one) is not recorded: the block then
-    runs as scalar code."""
-    if leaf.vector is not None and not moves_contiguously(block, leaf.vector.index):
+    transpose width of a pack copy). A vector index the block cannot run as vector code
+    along (analysis.vectorizable: a view that does not move by one element, an int
+    output, an op without a vector form; a tuner or a caller may ask for one) is not
+    recorded: the schedule says scalar code, and the generator prints what it says."""
+    leaf = replace(leaf, transpose=block.schedule.transpose)
+    if leaf.vector is not None and why_not_vector(replace(block, schedule=leaf),
+                                                  leaf.vector.index) is not None:
         leaf = replace(leaf, vector=None, unroll=())
-    return replace(block, schedule=replace(leaf, transpose=block.schedule.transpose))
+    return replace(block, schedule=leaf)
 
 
 def _element_type(block: N.Block) -> DType:

@@ -260,3 +260,35 @@ def test_strided_vector_index_is_refused_or_correct(target: str, tmp_path: Any) 
     out = np.zeros_like(a)
     compiled.run({"A": a}, {}, {"O": out})
     np.testing.assert_array_equal(out, 2 * a)
+
+
+def test_a_vector_schedule_the_block_cannot_run_is_an_ir_error() -> None:
+    """Hand-written IR that asks for vectors where the generator has none (a float64
+    block): an IRError with the reason, never a silent scalar fallback."""
+    from polytile.errors import IRError
+    from polytile.ir.parser import parse_function
+
+    fn = parse_function("""function f(A, B) {
+  block main #main (
+    in A[0] float64(16:1)
+    out B[0] float64(16:1)
+  ) {
+    block s0 [i:16] #kernel schedule(micro, vector(i, float64, 4)) (
+      out B <- B[i] float64(1:1)
+      in A <- A[i] float64(1:1)
+    ) {
+      $A = load(A)
+      B = store($A)
+    }
+  }
+}""")
+    with pytest.raises(IRError, match="block s0 is scheduled as vector code along i, but "
+                                      "load \\$A is not float32"):
+        generate_c(fn, COptions())
+
+
+def test_the_vector_generator_prints_every_op_the_analysis_admits() -> None:
+    from polytile.analysis.vectorizable import VECTOR_OPS
+    from polytile.codegen.vector import PRINTED_OPS
+
+    assert VECTOR_OPS == PRINTED_OPS

@@ -138,3 +138,45 @@ def test_register_tiles_of_a_panel_split_vector_index_come_first() -> None:
     (register,) = [s for s in block(after, "s0").stmts if isinstance(s, N.Block)]
     assert [i.name for i in register.idxs if i.affine is None][:2] == ["n_o_r", "m_r"]
     check_pass("schedule_panel_register_tiles", split, after)
+
+
+MM64 = """
+def mm64(double(M,K) A, double(K,N) B) -> (C) {
+  C(m,n) +=! A(m,k) * B(k,n)
+}
+"""
+GATHER = """
+def rows(float(N,D) E, int32(B) I) -> (O) {
+  O(b,d) = E(I(b), d)
+}
+"""
+
+
+def test_no_vector_is_recorded_where_the_generator_could_not_print_one() -> None:
+    """The schedule pass decides vector code once (analysis.vectorizable): a double
+    matmul asked for vectors along n gets a scalar register tile (the C generator only
+    prints float32 vectors), and its golden IR says so; float32 keeps the vector."""
+    schedule = Schedule(vector="n", lanes=8, unroll=(("m", 4),), vectors=1, tiles=(),
+                        parallel=False)
+    before = lowered(MM64, {"A": (9, 5), "B": (5, 11)})
+    after = scheduled(before, "s0", schedule)
+    (leaf,) = leaves(block(after, "s0"))
+    assert leaf.schedule == N.BlockSchedule(micro=True)
+    check_pass("schedule_mm_float64_scalar", before, after)
+    (leaf32,) = leaves(block(scheduled(lowered(MM, {"A": (9, 5), "B": (5, 11)}), "s0",
+                                       schedule), "s0"))
+    assert leaf32.schedule.vector == N.VectorLoop("n", FLOAT32, 8)
+
+
+def test_why_not_vector_names_the_reason() -> None:
+    from polytile.analysis.vectorizable import why_not_vector
+
+    mm64 = block(lowered(MM64, {"A": (9, 5), "B": (5, 11)}), "s0")
+    assert why_not_vector(mm64, "n") == "load $B is not float32"
+    mm = block(lowered(MM, {"A": (9, 5), "B": (5, 11)}), "s0")
+    assert why_not_vector(mm, "n") is None
+    assert why_not_vector(mm, "m") == "view C does not move by one element along m"
+    assert why_not_vector(mm, "k") == "view B does not move by one element along k"
+    gather = block(lowered(GATHER, {"E": (7, 16), "I": (5,)}), "s0")
+    assert why_not_vector(gather, "d") is None      # the gathered row is contiguous
+    assert why_not_vector(gather, "b") == "view O does not move by one element along b"

@@ -1,0 +1,77 @@
+"""Whether a leaf block can run as vector code along one index: the conditions the vector
+micro-kernel generator (polytile.codegen.vector) relies on. The pass that schedules a
+block (passes/schedule) records a vector index only when this says yes; the generator
+then trusts the schedule and decides nothing.
+
+    why_not_vector(block, "n")   # None: it can; else the reason, for messages and tests
+"""
+from __future__ import annotations
+
+from polytile import dtypes
+from polytile.analysis.deps import scalar_indices
+from polytile.ir.nodes import Block, Constant, Intrinsic, Load, LoadIndex, Store
+
+# What the vector generator prints per op (its tables live there).
+VECTOR_OPS = frozenset({"add", "sub", "mul", "div", "sqrt", "rsqrt", "fabs", "abs", "floor",
+                        "ceil", "trunc", "round", "exp", "log", "tanh", "erf", "sigmoid",
+                        "neg", "fmax", "fmin", "relu", "ident", "cast"})
+AGGREGATIONS = ("assign", "add", "mul", "max", "min")
+
+
+def why_not_vector(blk: Block, vector: str) -> str | None:
+    """None when `blk` can run as float32 vector code along `vector`, else why not."""
+    if any(isinstance(s, Block) for s in blk.stmts):
+        return "it has nested blocks"
+    stores = [s for s in blk.stmts if isinstance(s, Store)]
+    if len(stores) != 1:
+        return f"it has {len(stores)} stores (one is supported)"
+    if any(not isinstance(s, (Load, Store, Constant, Intrinsic)) and not _step_index(s, blk, vector)
+           for s in blk.stmts):
+        return "it computes an index value that differs per lane"
+    # Vector loads and stores are contiguous: every view that moves with the vector
+    # index must move by one element.
+    for ref in blk.refs:
+        uses = [(a.coeff(vector), d.stride) for a, d in zip(ref.access, ref.shape.dims)
+                if a.coeff(vector)]
+        if uses and uses != [(1, 1)]:
+            return f"view {ref.into} does not move by one element along {vector}"
+    deps = scalar_indices(blk)
+    for st in blk.stmts:
+        if isinstance(st, Load):
+            if any(d is not None and vector in deps[d] for d in st.dynamic):
+                return f"load {st.into} is a gather along {vector}"
+            if st.offset is not None and vector in deps[st.offset]:
+                return f"load {st.into} moves its pointer per lane"
+            if vector in deps[st.into] and blk.ref(st.ref).shape.dtype != dtypes.FLOAT32:
+                return f"load {st.into} is not float32"
+        elif isinstance(st, Intrinsic) and vector in deps[st.into]:
+            if st.op not in VECTOR_OPS:
+                return f"{st.op} has no vector form"
+            if st.dtype != dtypes.FLOAT32:
+                return f"{st.op} computes {st.dtype}, not float32"
+    out = blk.ref(stores[0].ref)
+    if out.shape.dtype != dtypes.FLOAT32:
+        return f"its output {out.into} is not float32"
+    if out.agg not in AGGREGATIONS:
+        return f"its aggregation {out.agg} has no vector form"
+    loops = {i.name for i in blk.idxs if i.affine is None and i.range > 1}
+    if vector not in loops:
+        return f"{vector} is not a loop of more than one iteration"
+    written = {n for a in out.access for n in a.names}
+    if any(u in loops and u != vector and u not in written for u in blk.schedule.unroll):
+        return "an unrolled index is a reduction"
+    if vector not in written and out.agg == "assign":
+        return f"{vector} is reduced by assignment"
+    return None
+
+
+def _step_index(st: object, blk: Block, vector: str) -> bool:
+    """An index value used only as the pointer increment of loads (polytile.passes.ptrinc),
+    the same for every lane."""
+    if not isinstance(st, LoadIndex) or vector in st.value.names:
+        return False
+    uses = [s for s in blk.stmts if isinstance(s, (Load, Store, Intrinsic))
+            and st.into in ((s.offset, *s.dynamic) if isinstance(s, Load)
+                            else (s.value,) if isinstance(s, Store) else s.inputs)]
+    return all(isinstance(s, Load) and s.offset == st.into and st.into not in s.dynamic
+               for s in uses)
