@@ -1,21 +1,24 @@
-"""Whether a leaf block can run as vector code along one index: the conditions the vector
-micro-kernel generator (polytile.codegen.vector) relies on. The pass that schedules a
-block (passes/schedule) records a vector index only when this says yes; the generator
+"""Whether a leaf block can run as vector code along one index, and how its boundary tiles
+run: the conditions the vector micro-kernel generator (polytile.codegen.vector) relies
+on. The pass that schedules a block (passes/schedule) records a vector index only when
+`why_not_vector` says yes, and the boundary kind `boundary_versions` gives; the generator
 then trusts the schedule and decides nothing.
 
     why_not_vector(block, "n")   # None: it can; else the reason, for messages and tests
+    boundary_versions(block)     # None, "remainders" or "guarded" (BlockSchedule.boundary)
 """
 from __future__ import annotations
 
 from polytile import dtypes
 from polytile.analysis.deps import scalar_indices
-from polytile.ir.nodes import Block, Constant, Intrinsic, Load, LoadIndex, Store
+from polytile.ir.nodes import Affine, Block, Constant, Intrinsic, Load, LoadIndex, Store
 
 # What the vector generator prints per op (its tables live there).
 VECTOR_OPS = frozenset({"add", "sub", "mul", "div", "sqrt", "rsqrt", "fabs", "abs", "floor",
                         "ceil", "trunc", "round", "exp", "log", "tanh", "erf", "sigmoid",
                         "neg", "fmax", "fmin", "relu", "ident", "cast"})
 AGGREGATIONS = ("assign", "add", "mul", "max", "min")
+MASKED_LANES = (8, 16)     # vector widths with masked moves (AVX, AVX-512)
 
 
 def why_not_vector(blk: Block, vector: str) -> str | None:
@@ -63,6 +66,38 @@ def why_not_vector(blk: Block, vector: str) -> str | None:
     if vector not in written and out.agg == "assign":
         return f"{vector} is reduced by assignment"
     return None
+
+
+def boundary_versions(blk: Block) -> str | None:
+    """How the vector leaf `blk` runs when its constraints cut a tile short: None when it
+    has none; "remainders" when each constraint bounds one loop other than the vector
+    index from above, or is a lane bound (`lane_bound`): one version of the code per
+    remainder; else "guarded": the vector code only for full tiles."""
+    if not blk.constraints or blk.schedule.vector is None:
+        return None
+    vector = blk.schedule.vector.index
+    loops = {i.name for i in blk.idxs if i.affine is None and i.range > 1}
+    for c in blk.constraints:
+        if lane_bound(blk, c):
+            continue
+        own = [n for n in c.names if n in loops]
+        if len(own) != 1 or own[0] == vector or c.coeff(own[0]) >= 0:
+            return "guarded"
+    return "remainders"
+
+
+def lane_bound(blk: Block, c: Affine) -> bool:
+    """Whether constraint `c` bounds the parallel vector index from above given the
+    unrolled indices only: a tile cut short there runs with masked lanes."""
+    s = blk.schedule
+    assert s.vector is not None
+    vector = s.vector.index
+    loops = {i.name for i in blk.idxs if i.affine is None and i.range > 1}
+    out = next(r for r in blk.refs if r.dir in ("out", "inout"))
+    parallel = any(vector in a.names for a in out.access)
+    return (vector in c.names and c.coeff(vector) == -1 and parallel
+            and s.vector.lanes in MASKED_LANES
+            and all(n in s.unroll for n in c.names if n in loops and n != vector))
 
 
 def _step_index(st: object, blk: Block, vector: str) -> bool:

@@ -22,8 +22,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from polytile import dtypes
+from polytile.analysis.vectorizable import MASKED_LANES
 from polytile.codegen.cscope import Scope, c_affine, child_view, fixed_indices, resolve, safe
-from polytile.codegen.vmath import MASKED_LANES
 from polytile.ir.nodes import Affine, Block, Load, Refinement, Store
 
 if TYPE_CHECKING:

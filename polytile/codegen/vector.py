@@ -30,10 +30,10 @@ from typing import TYPE_CHECKING
 
 from polytile import dtypes
 from polytile.analysis.deps import scalar_indices
-from polytile.analysis.vectorizable import why_not_vector
+from polytile.analysis.vectorizable import boundary_versions, lane_bound, why_not_vector
 from polytile.codegen import cexpr
 from polytile.codegen.cscope import Scope, c_affine, child_view, fixed_indices, resolve, safe
-from polytile.codegen.vmath import MASKED_LANES, VECTOR_MATH_OPS
+from polytile.codegen.vmath import VECTOR_MATH_OPS
 from polytile.errors import IRError
 from polytile.ir.nodes import Affine, Block, Constant, Intrinsic, Load, LoadIndex, Store
 
@@ -116,8 +116,13 @@ def emit(w: "_FunctionWriter", blk: Block, outer: Scope) -> list[str] | None:
     idx = fixed_indices(blk, outer.idx)
     if not blk.constraints:
         return [f"/* block {safe(blk.name)}: vector */"] + _Emitter(w, blk, outer, p, idx).lines()
-    counts = _unroll_counts(blk, p, idx)
-    if counts is not None:
+    boundary = blk.schedule.boundary
+    if boundary is None or boundary != boundary_versions(blk):
+        raise IRError(f"vector block {blk.name} has constraints, so its schedule must say how "
+                      f"boundary tiles run: boundary({boundary_versions(blk)}), not "
+                      f"{boundary and f'boundary({boundary})' or 'nothing'}")
+    if boundary == "remainders":
+        counts = _unroll_counts(blk, p, idx)
         return ([f"/* block {safe(blk.name)}: vector code, one version per tile remainder */"]
                 + _versions(w, blk, outer, p, idx, counts, {}))
     full = _full_tile(blk, idx)
@@ -127,18 +132,16 @@ def emit(w: "_FunctionWriter", blk: Block, outer: Scope) -> list[str] | None:
             + _ind(body) + ["} else {"] + _ind(scalar) + ["}"])
 
 
-def _unroll_counts(blk: Block, p: _Plan, idx: dict[str, Affine]) -> dict[str, str] | None:
-    """When every constraint is an upper bound on one unrolled or looped index (a
-    boundary tile), the C expression of how many values of each such index run;
-    looped indices get it as their loop bound (`p.bounds`), and bounds on a parallel
-    vector index (given the unrolled ones) become lane counts (`p.vec_bounds`)."""
+def _unroll_counts(blk: Block, p: _Plan, idx: dict[str, Affine]) -> dict[str, str]:
+    """For a boundary tile of kind "remainders" (every constraint an upper bound on one
+    unrolled or looped index, or a lane bound; analysis.vectorizable), the C expression of
+    how many values of each such index run; looped indices get it as their loop bound
+    (`p.bounds`), and lane bounds become lane counts (`p.vec_bounds`)."""
     counts: dict[str, str] = {}
     loops = {i.name for i in blk.idxs if i.affine is None and i.range > 1}
     looped = {n for n, _ in p.par_loops + p.red_loops}
     for c in blk.constraints:
-        if (p.vector in c.names and c.coeff(p.vector) == -1 and not p.vec_is_reduction
-                and p.lanes in MASKED_LANES
-                and all(n in p.unroll for n in c.names if n in loops and n != p.vector)):
+        if lane_bound(blk, c):
             unrolled = Affine.of({n: k for n, k in c.terms if n in loops and n != p.vector},
                                  c.const)
             outside = Affine()
@@ -147,10 +150,7 @@ def _unroll_counts(blk: Block, p: _Plan, idx: dict[str, Affine]) -> dict[str, st
                     outside = outside + idx[name].scale(coeff)
             p.vec_bounds.append((unrolled, outside))
             continue
-        own = [n for n in c.names if n in loops]
-        if len(own) != 1 or own[0] not in set(p.unroll) | looped or c.coeff(own[0]) >= 0:
-            return None
-        x = own[0]
+        (x,) = [n for n in c.names if n in loops]
         a = -c.coeff(x)
         rest = Affine.constant(c.const)
         for name, coeff in c.terms:

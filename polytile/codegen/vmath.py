@@ -18,7 +18,6 @@ float64 references over the float32 range, see tests/codegen/test_vmath.py):
 from __future__ import annotations
 
 VECTOR_MATH_OPS = frozenset({"exp", "log", "tanh", "erf", "sigmoid"})
-MASKED_LANES = (8, 16)     # vector widths with masked moves (AVX, AVX-512)
 
 
 def vector_math(lanes: int) -> str:

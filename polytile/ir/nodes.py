@@ -191,6 +191,8 @@ class Special:
 
 # How a GPU backend maps an index (a kind the CPU backends refuse).
 GPU_KINDS = ("grid", "thread")
+# How a vector micro-kernel runs a boundary tile (BlockSchedule.boundary).
+BOUNDARY_KINDS = ("remainders", "guarded")
 
 
 @dataclass(frozen=True)
@@ -207,9 +209,13 @@ class BlockSchedule:
     """How a block's iterations run: decided by passes, recorded here as data, printed
     by backends (which decide nothing). The default is plain serial loops.
 
-    * micro: the block is a register tile, emitted as a vector micro-kernel
-      (polytile.codegen.vector) with `vector` across lanes and the `unroll` indices
-      unrolled; where that generator cannot take it, as scalar loops;
+    * micro: the block is a register tile: with `vector`, a vector micro-kernel
+      (polytile.codegen.vector) across its lanes with the `unroll` indices unrolled;
+      without, scalar loops;
+    * boundary: how a vector micro-kernel cut short by constraints (a boundary tile)
+      runs (BOUNDARY_KINDS): "remainders", one version per remainder of the unrolled
+      indices, looped indices bounded and lanes masked; "guarded", the vector code for
+      full tiles and scalar loops otherwise (set by pass schedule);
     * transpose: a nonzero panel width makes the block a copy emitted with register
       transposes of that width (polytile.codegen.transpose); set by pass `pack`;
     * order: the loop order of a micro-kernel's loops other than the vector and the
@@ -222,6 +228,7 @@ class BlockSchedule:
 
     micro: bool = False
     vector: VectorLoop | None = None
+    boundary: str | None = None
     unroll: tuple[str, ...] = ()
     order: tuple[str, ...] = ()
     transpose: int = 0

@@ -225,14 +225,19 @@ class _Parser(TokenCursor[_Token]):
             self.expect("(")
             fields["transpose"] = self.integer("the panel width")
             self.expect(")")
+        elif word == "boundary":
+            self.expect("(")
+            fields["boundary"] = self.name("remainders or guarded")
+            self.expect(")")
         elif word in GPU_KINDS:
             self.expect("(")
             gpu.append((self.name("an index"), word))
             self.expect(")")
         else:
             raise IRError(f"unknown schedule item {word!r}", item.loc,
-                          "items: micro, vector(i, dtype, lanes), unroll(i, ...), order(i, ...), "
-                          "transpose(width), parallel(i), simd, grid(i), thread(i)")
+                          "items: micro, vector(i, dtype, lanes), boundary(remainders|guarded), "
+                          "unroll(i, ...), order(i, ...), transpose(width), parallel(i), simd, "
+                          "grid(i), thread(i)")
 
     def comment(self) -> str:
         lines = []

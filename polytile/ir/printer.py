@@ -135,6 +135,8 @@ def format_schedule(s: BlockSchedule) -> str:
     items = ["micro"] if s.micro else []
     if s.vector is not None:
         items.append(f"vector({s.vector.index}, {s.vector.dtype}, {s.vector.lanes})")
+    if s.boundary is not None:
+        items.append(f"boundary({s.boundary})")
     if s.unroll:
         items.append(f"unroll({', '.join(s.unroll)})")
     if s.order:

@@ -44,6 +44,7 @@ from polytile.errors import IRError
 from polytile.ir import intrinsics, polyhedra
 from polytile.ir.nodes import (
     AGG_OPS,
+    BOUNDARY_KINDS,
     DIRECTIONS,
     GPU_KINDS,
     Affine,
@@ -136,6 +137,10 @@ def _check_schedule(block: Block, path: str, target: Target | None) -> None:
                           "other loops, once each")
     if any(kind not in GPU_KINDS for _, kind in s.gpu) or s.transpose < 0:
         raise _fail(path, "the schedule has an unknown GPU kind or a negative transpose width")
+    if s.boundary is not None and (s.boundary not in BOUNDARY_KINDS or s.vector is None
+                                   or not block.constraints):
+        raise _fail(path, f"boundary({s.boundary}) needs one of {', '.join(BOUNDARY_KINDS)}, "
+                          "a vector index and constraints")
     if s.vector is not None:
         _check_vector(block, s.vector, path, target)
     if s.parallel and not polyhedra.writes_disjoint(block, s.parallel):

@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass, replace
 
 from polytile import dtypes
-from polytile.analysis.vectorizable import why_not_vector
+from polytile.analysis.vectorizable import boundary_versions, why_not_vector
 from polytile.dtypes import DType
 from polytile.errors import ArgumentError
 from polytile.ir import nodes as N
@@ -151,11 +151,13 @@ def _scheduled(block: N.Block, leaf: N.BlockSchedule) -> N.Block:
     transpose width of a pack copy). A vector index the block cannot run as vector code
     along (analysis.vectorizable: a view that does not move by one element, an int
     output, an op without a vector form; a tuner or a caller may ask for one) is not
-    recorded: the schedule says scalar code, and the generator prints what it says."""
+    recorded: the schedule says scalar code, and the generator prints what it says. A
+    vector leaf with constraints records how its boundary tiles run."""
     leaf = replace(leaf, transpose=block.schedule.transpose)
     if leaf.vector is not None and why_not_vector(replace(block, schedule=leaf),
                                                   leaf.vector.index) is not None:
         leaf = replace(leaf, vector=None, unroll=())
+    leaf = replace(leaf, boundary=boundary_versions(replace(block, schedule=leaf)))
     return replace(block, schedule=leaf)
 
 

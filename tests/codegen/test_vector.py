@@ -292,3 +292,56 @@ def test_the_vector_generator_prints_every_op_the_analysis_admits() -> None:
     from polytile.codegen.vector import PRINTED_OPS
 
     assert VECTOR_OPS == PRINTED_OPS
+
+
+BOUNDARY_IR = """function f(A, B) {{
+  block main #main (
+    in A[0] float32(13:1)
+    out B[0] float32(13:1)
+  ) {{
+    block s0 [i_r:2] (
+      out B <- B[0] float32(13:1)
+      in A <- A[0] float32(13:1)
+    ) {{
+      block s0_tile [i:8, i_r = i_r] #kernel schedule({schedule}) (
+        -i - 8*i_r + 12 >= 0
+        out B <- B[i + 8*i_r] float32(1:1)
+        in A <- A[i + 8*i_r] float32(1:1)
+      ) {{
+        $A = load(A)
+        B = store($A)
+      }}
+    }}
+  }}
+}}"""
+
+
+def test_how_boundary_tiles_run_is_read_from_the_schedule() -> None:
+    """A vector leaf cut short by a constraint: the schedule pass records the boundary
+    kind; hand-written IR without it (or with the other kind) is an IRError naming the
+    kind the block needs, and with it the C has masked lanes (8 lanes can mask)."""
+    from polytile.errors import IRError
+    from polytile.ir.parser import parse_function
+
+    def c_of(schedule: str) -> str:
+        return generate_c(parse_function(BOUNDARY_IR.format(schedule=schedule)),
+                          COptions()).text
+
+    with pytest.raises(IRError, match=r"boundary\(remainders\), not nothing"):
+        c_of("micro, vector(i, float32, 8)")
+    with pytest.raises(IRError, match=r"boundary\(remainders\), not boundary\(guarded\)"):
+        c_of("micro, vector(i, float32, 8), boundary(guarded)")
+    assert "one version per tile remainder" in c_of("micro, vector(i, float32, 8), "
+                                                    "boundary(remainders)")
+
+
+def test_the_verifier_refuses_a_boundary_without_constraints() -> None:
+    from polytile.errors import IRError
+    from polytile.ir.parser import parse_function
+    from polytile.ir.verify import verify
+
+    text = BOUNDARY_IR.format(schedule="micro, vector(i, float32, 8), boundary(remainders)")
+    verify(parse_function(text))
+    with pytest.raises(IRError, match="needs one of remainders, guarded, a vector index and "
+                                      "constraints"):
+        verify(parse_function(text.replace("-i - 8*i_r + 12 >= 0", "")))
