@@ -11,12 +11,9 @@ from __future__ import annotations
 
 from polytile import dtypes
 from polytile.analysis.deps import scalar_indices
+from polytile.codegen.cops import VECTOR_OPS  # the C backend's ops with a vector form
 from polytile.ir.nodes import Affine, Block, Constant, Intrinsic, Load, LoadIndex, Store
 
-# What the vector generator prints per op (its tables live there).
-VECTOR_OPS = frozenset({"add", "sub", "mul", "div", "sqrt", "rsqrt", "fabs", "abs", "floor",
-                        "ceil", "trunc", "round", "exp", "log", "tanh", "erf", "sigmoid",
-                        "neg", "fmax", "fmin", "relu", "ident", "cast"})
 AGGREGATIONS = ("assign", "add", "mul", "max", "min")
 MASKED_LANES = (8, 16)     # vector widths with masked moves (AVX, AVX-512)
 

@@ -18,6 +18,7 @@ import numpy as np
 
 from polytile import dtypes
 from polytile.codegen import cprelude
+from polytile.codegen.cops import C_OPS
 from polytile.dtypes import DType
 from polytile.errors import IRError, UnsupportedError
 from polytile.ir.intrinsics import BOOL, OPS
@@ -197,11 +198,6 @@ def round_to(expr: str, dt: DType, needs: Needs) -> str:
 
 # ---------------------------------------------------------------- intrinsics
 
-_UNARY_MATH = {"exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sqrt", "cbrt", "sin",
-               "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "tanh", "asinh", "acosh",
-               "atanh", "erf", "erfc", "floor", "ceil", "round", "trunc", "fabs"}
-_BINARY_MATH = {"atan2", "pow", "fmod", "hypot", "copysign", "fmax", "fmin"}
-_ARITH = {"add": "+", "sub": "-", "mul": "*"}
 _COMPARE = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
 
 
@@ -243,46 +239,25 @@ def _logic(op: str, args: list[Typed], needs: Needs) -> str:
 
 
 def _float_op(op: str, xs: list[str], dt: DType) -> str:
+    form = C_OPS[op].float if op in C_OPS else None
+    if form is None:
+        raise UnsupportedError(f"intrinsic {op!r} is not defined on {dt}")
     f = _float_suffix(dt)
-    one, zero_ = ("1.0f", "0.0f") if f else ("1.0", "0.0")
-    if op in _ARITH:
-        return f"({xs[0]} {_ARITH[op]} {xs[1]})"
-    simple = {
-        "div": lambda: f"({xs[0]} / {xs[1]})",
-        "mod": lambda: f"fmod{f}({xs[0]}, {xs[1]})",
-        "neg": lambda: f"(-{xs[0]})",
-        "abs": lambda: f"fabs{f}({xs[0]})",
-        "relu": lambda: f"({xs[0]} > {zero_} ? {xs[0]} : {zero_})",
-        "rsqrt": lambda: f"({one} / sqrt{f}({xs[0]}))",
-        "sigmoid": lambda: f"({one} / ({one} + exp{f}(-{xs[0]})))",
-        "fma": lambda: f"fma{f}({xs[0]}, {xs[1]}, {xs[2]})",
-    }
-    if op in simple:
-        return simple[op]()
-    if op in _UNARY_MATH:
-        return f"{op}{f}({xs[0]})"
-    if op in _BINARY_MATH:
-        return f"{op}{f}({xs[0]}, {xs[1]})"
-    raise UnsupportedError(f"intrinsic {op!r} is not defined on {dt}")
+    one, zero = ("1.0f", "0.0f") if f else ("1.0", "0.0")
+    return form.format(*xs, **_stripped(xs), f=f, one=one, zero=zero)
 
 
 def _int_op(op: str, xs: list[str], dt: DType, needs: Needs) -> str:
-    t, w = dt.c_name, _wide_unsigned(dt)
-    signed = dt.kind == "i"
-    if op in _ARITH:
-        return f"({t})(({w}){xs[0]} {_ARITH[op]} ({w}){xs[1]})"
-    if op in ("div", "mod"):
-        return _call(f"pt_{op}_{needs.divmod(dt)}", xs[0], xs[1])
-    if op == "neg":
-        return f"({t})(0u - ({w}){xs[0]})"
-    if op in ("abs", "fabs"):
-        return f"({t})({xs[0]} < 0 ? 0u - ({w}){xs[0]} : ({w}){xs[0]})" if signed else xs[0]
-    if op == "relu":
-        return f"({t})({xs[0]} > 0 ? {xs[0]} : 0)" if signed else xs[0]
-    if op in ("fmax", "fmin"):
-        cmp = ">" if op == "fmax" else "<"
-        return f"({t})({xs[0]} {cmp} {xs[1]} ? {xs[0]} : {xs[1]})"
-    raise UnsupportedError(f"intrinsic {op!r} is not defined on integer type {dt}")
+    row = C_OPS.get(op)
+    form = None if row is None else row.int if dt.kind == "i" else row.unsigned()
+    if form is None:
+        raise UnsupportedError(f"intrinsic {op!r} is not defined on integer type {dt}")
+    helper = needs.divmod(dt) if "{helper}" in form else ""
+    return form.format(*xs, **_stripped(xs), t=dt.c_name, w=_wide_unsigned(dt), helper=helper)
+
+
+def _stripped(xs: list[str]) -> dict[str, str]:
+    return {f"s{k}": strip(x) for k, x in enumerate(xs)}
 
 
 # ---------------------------------------------------------------- aggregation

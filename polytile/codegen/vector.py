@@ -32,25 +32,16 @@ from polytile import dtypes
 from polytile.analysis.deps import scalar_indices
 from polytile.analysis.vectorizable import boundary_versions, lane_bound, why_not_vector
 from polytile.codegen import cexpr
+from polytile.codegen.cops import C_OPS, VECTOR_IDENTITIES, Lanewise
 from polytile.codegen.cscope import Scope, c_affine, child_view, fixed_indices, resolve, safe
-from polytile.codegen.vmath import VECTOR_MATH_OPS
 from polytile.errors import IRError
 from polytile.ir.nodes import Affine, Block, Constant, Intrinsic, Load, LoadIndex, Store
 
 if TYPE_CHECKING:
     from polytile.codegen.c import _FunctionWriter
 
-_INFIX = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
-_LANEWISE = {"sqrt": "sqrtf({})", "rsqrt": "1.0f / sqrtf({})", "fabs": "fabsf({})",
-             "abs": "fabsf({})", "floor": "floorf({})", "ceil": "ceilf({})",
-             "trunc": "truncf({})", "round": "roundf({})"}
-_VMATH = {"exp": "pt_vexp", "log": "pt_vlog", "tanh": "pt_vtanh", "erf": "pt_verf",
-          "sigmoid": "pt_vsigmoid"}
 DOT_CHAINS = 4      # independent accumulator chains a dot-product kernel keeps at least
 _IDENTITY = {"add": "0.0f", "mul": "1.0f", "max": "-__builtin_inff()", "min": "__builtin_inff()"}
-# The ops analysis.vectorizable admits: the tables above print each of them.
-PRINTED_OPS = (frozenset(_INFIX) | frozenset(_LANEWISE) | VECTOR_MATH_OPS
-               | {"neg", "fmax", "fmin", "relu", "ident", "cast"})
 
 
 @dataclass
@@ -411,7 +402,7 @@ class _Emitter:
         vec = any(v for _, v in args)
         xs = [a if v or not vec else f"pt_vsplat({a})" for a, v in args]
         op = st.op
-        if op in ("ident", "cast") and vec:     # float32 -> float32 on vectors
+        if op in VECTOR_IDENTITIES and vec:     # float32 -> float32 on vectors
             return args[0]
         if not vec:
             typed = [(a, self.dtypes.get(n, dtypes.FLOAT32)) for (a, _), n in
@@ -421,25 +412,17 @@ class _Emitter:
             self.dtypes[st.into] = st.dtype
             out.append(f"const {cexpr.scalar_type(st.dtype)} {var} = {expr};")
             return var, False
-        if op in _INFIX:
-            expr = f"{xs[0]} {_INFIX[op]} {xs[1]}"
-        elif op == "neg":
-            expr = f"-{xs[0]}"
-        elif op in ("fmax", "fmin"):
-            expr = f"pt_v{op}({xs[0]}, {xs[1]})"
-        elif op == "relu":
-            expr = f"pt_vfmax({xs[0]}, pt_vsplat(0.0f))"
-        elif op in _VMATH:
-            expr = f"{_VMATH[op]}({xs[0]})"
-        else:
+        form = C_OPS[op].vector
+        if isinstance(form, Lanewise):
             var = self.w.fresh("v")
             out.append(f"pt_vf {var};")
             lane = self.w.fresh("l")
             out.append(f"for (int {lane} = 0; {lane} < {self.p.lanes}; {lane}++) "
-                       f"{var}[{lane}] = {_LANEWISE[op].format(f'{xs[0]}[{lane}]')};")
+                       f"{var}[{lane}] = {form.template.format(f'{xs[0]}[{lane}]')};")
             return var, True
+        assert form is not None, f"{op} has no vector form (analysis.vectorizable admits it)"
         var = self.w.fresh("v")
-        out.append(f"const pt_vf {var} = {expr};")
+        out.append(f"const pt_vf {var} = {form.format(*xs)};")
         return var, True
 
     @staticmethod

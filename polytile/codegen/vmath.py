@@ -17,8 +17,6 @@ float64 references over the float32 range, see tests/codegen/test_vmath.py):
 """
 from __future__ import annotations
 
-VECTOR_MATH_OPS = frozenset({"exp", "log", "tanh", "erf", "sigmoid"})
-
 
 def vector_math(lanes: int) -> str:
     """C definitions of the vector types and math for `lanes` float32 lanes."""
