@@ -127,7 +127,7 @@ OPS: dict[str, OpInfo] = {name: OpInfo(name, arity, result, _quiet(impl))
 # Spellings accepted in TC source for builtins, mapped to the op names above.
 BUILTIN_ALIASES = {"fmaxf": "fmax", "fminf": "fmin", "max": "fmax", "min": "fmin",
                    "expf": "exp", "logf": "log", "tanhf": "tanh", "sqrtf": "sqrt",
-                   "fabsf": "fabs", "powf": "pow", "expf2": "exp2"}
+                   "fabsf": "fabs", "powf": "pow", "exp2f": "exp2", "expf2": "exp2"}
 BUILTINS = frozenset(n for n in OPS if n not in
                      ("add", "sub", "mul", "div", "mod", "neg", "eq", "ne", "lt", "le", "gt",
                       "ge", "and", "or", "not", "select", "ident", "cast")) | frozenset(BUILTIN_ALIASES)
