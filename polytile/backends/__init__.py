@@ -11,12 +11,14 @@ A backend makes no scheduling decision (the passes did, in `Block.schedule`); it
     build      source -> binary, into a cache entry (called on a cache miss only)
     load       binary -> Kernel, the callable the launcher (polytile.compile) runs
 
-A new backend is a module here that calls `register` when imported, its name in
-`_MODULES`, and a target file that names it; nothing else changes.
+A new backend is a module in this package that calls `register` when imported (every
+module here is imported when a backend is looked up) and a target file that names it;
+nothing else changes.
 """
 from __future__ import annotations
 
 import importlib
+import pkgutil
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,8 +31,6 @@ from polytile.runtime.kernel import Kernel
 from polytile.runtime.toolchain import Toolchain
 from polytile.targets.target import Target
 
-# Modules that register a backend when imported (in order of `backends()`).
-_MODULES = ("polytile.backends.c_x86",)
 
 
 @dataclass(frozen=True)
@@ -75,8 +75,9 @@ def register(backend: Backend) -> Backend:
 
 
 def backends() -> tuple[Backend, ...]:
-    for module in _MODULES:
-        importlib.import_module(module)
+    """Every registered backend; the modules of this package register theirs on import."""
+    for module in pkgutil.iter_modules(__path__):
+        importlib.import_module(f"{__name__}.{module.name}")
     return tuple(_REGISTRY.values())
 
 

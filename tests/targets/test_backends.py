@@ -89,3 +89,17 @@ def test_a_new_backend_needs_only_its_module_and_a_target(tmp_path: Path) -> Non
     c = np.zeros((5, 3), np.float32)
     compiled.run({"A": a, "B": b}, {}, {"C": c})
     np.testing.assert_allclose(c, a @ b, rtol=1e-5, atol=1e-5)
+
+
+def test_a_backend_module_is_found_without_being_listed(tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """A new file in the backends package is all it takes: it is imported on lookup."""
+    (tmp_path / "c_discovered.py").write_text(
+        "from polytile.backends import register\n"
+        "from polytile.backends.c_x86 import CX86Backend\n"
+        "class Discovered(CX86Backend):\n"
+        "    name = 'test-discovered'\n"
+        "register(Discovered())\n")
+    monkeypatch.setattr(B, "__path__", [*B.__path__, str(tmp_path)])
+    target = dataclasses.replace(select_target(None), backend="test-discovered")
+    assert B.backend_for(target).name == "test-discovered"
