@@ -49,8 +49,11 @@ class Generated:
 
 
 class Backend(Protocol):
-    name: str
-    stages: tuple[str, ...]
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def stages(self) -> tuple[str, ...]: ...
 
     def generate(self, fn: N.Function, target: Target) -> Generated: ...
 

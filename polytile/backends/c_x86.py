@@ -20,8 +20,8 @@ from polytile.targets.target import Target
 
 
 class CX86Backend:
-    name = "c-x86"
-    stages = ("c",)
+    name: str = "c-x86"
+    stages: tuple[str, ...] = ("c",)
 
     def generate(self, fn: N.Function, target: Target) -> Generated:
         return Generated((("c", generate_c(fn, COptions(symbol=SYMBOL)).text),), "kernel.c")

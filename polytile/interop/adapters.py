@@ -25,7 +25,8 @@ import numpy as np
 
 
 class Adapter(Protocol):
-    name: str
+    @property
+    def name(self) -> str: ...
 
     def accepts(self, value: Any) -> bool: ...
 
