@@ -32,7 +32,6 @@ from polytile.runtime.toolchain import Toolchain
 from polytile.targets.target import Target
 
 
-
 @dataclass(frozen=True)
 class Generated:
     """The stages below the IR of one kernel, in order; the last is the compiled source."""

@@ -9,6 +9,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import polytile
 from polytile.errors import ArgumentError
@@ -25,6 +27,10 @@ RNG = np.random.default_rng(3)
 @pytest.fixture(scope="module", params=["c", "interp"])
 def scale(request: pytest.FixtureRequest) -> Any:
     return polytile.define(SRC, backend=request.param).scale
+
+
+SCALE_C = polytile.define(SRC).scale
+SCALE_INTERP = polytile.define(SRC, backend="interp").scale
 
 
 def expected(a: float, x: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -142,3 +148,25 @@ def test_a_buffer_numpy_has_no_dtype_for_is_an_argument_error(scale: Any) -> Non
 def test_an_adapter_name_is_registered_once() -> None:
     with pytest.raises(ValueError, match="registered already"):
         A.register_adapter(BoxedAdapter())
+
+
+@settings(max_examples=40, deadline=None)
+@given(rows=st.integers(1, 9), cols=st.integers(1, 9), step_r=st.integers(-3, 3).filter(bool),
+       step_c=st.integers(-3, 3).filter(bool), transpose=st.booleans(), seed=st.integers(0, 99))
+def test_every_adapter_gives_numpys_answer_on_any_layout(rows: int, cols: int, step_r: int,
+                                                         step_c: int, transpose: bool,
+                                                         seed: int) -> None:
+    """The same strided view (negative steps, transposes) through NumPy, a DLPack producer
+    and a memoryview: the same outputs, and the inputs untouched."""
+    rng = np.random.default_rng(seed)
+    base = rng.standard_normal((rows * abs(step_r), cols * abs(step_c)), dtype=np.float32)
+    x = base[::step_r, ::step_c]
+    x = x.T if transpose else x
+    b = rng.standard_normal(x.shape[1], dtype=np.float32)
+    before = base.copy()
+    want = expected(0.25, x, b)
+    for kind, wrap in (("numpy", lambda v: v), ("dlpack", Producer), ("buffer", memoryview)):
+        for scale in (SCALE_C, SCALE_INTERP):
+            got = scale(0.25, wrap(x), wrap(b))
+            np.testing.assert_allclose(got, want, rtol=1e-6, err_msg=kind)
+    np.testing.assert_array_equal(base, before)
