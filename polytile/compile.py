@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import warnings
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
@@ -21,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from polytile.config import Config
-from polytile.dtypes import scalar_problem
+from polytile.dtypes import overflow_limit, scalar_problem
 from polytile.backends import Backend, Generated, backend_for
 from polytile.codegen.cabi import ERR_INDEX, ERR_NOMEM
 from polytile.errors import (BuildError, KernelError, OutOfBoundsError, PolytileError,
@@ -209,6 +210,8 @@ class CompiledFunction:
         self._dtypes = tuple(p.dtype.numpy for p in params)
         self._types = tuple(p.dtype for p in params)
         self._scalar = tuple(p.kind == "scalar" for p in params)
+        self._limits = tuple(overflow_limit(p.dtype) if p.dtype.is_float else math.inf
+                             for p in params)
         self._outputs = tuple((spec.shape(o.name), o.dtype.numpy) for o in spec.fn.outputs)
         self._fast_ok = not spec.fn.inout
 
@@ -252,12 +255,16 @@ class CompiledFunction:
                                for a in args)):
                     return None
         buffers = []
-        for a, dtype, scalar, dt in zip(args, self._dtypes, self._scalar, self._types):
+        for a, dtype, scalar, dt, limit in zip(args, self._dtypes, self._scalar, self._types,
+                                               self._limits):
             if scalar:
-                # A Python float passes as it is (the common case, kept cheap); anything
-                # else is checked, and the checked path raises the error.
-                if (type(a) is not float or dtype.kind != "f") \
-                        and scalar_problem(dt, a) is not None:
+                # A Python float for a float parameter is only range-checked (the common
+                # case, kept cheap); anything else is checked in full. A problem sends the
+                # call to the checked path, which raises the error.
+                if type(a) is float and dtype.kind == "f":
+                    if limit <= abs(a) < math.inf:
+                        return None
+                elif scalar_problem(dt, a) is not None:
                     return None
                 a = np.array(a, dtype=dtype)
             elif type(a) is not np.ndarray or a.dtype != dtype or not a.flags.c_contiguous:

@@ -1,7 +1,9 @@
 """Scalar types: TC spellings, NumPy and C equivalents, promotion."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from functools import lru_cache
 
 import ml_dtypes
 import numpy as np
@@ -76,6 +78,26 @@ def from_numpy(dtype: np.dtype) -> DType | None:
 SCALAR_TYPES = (bool, int, float, np.bool_, np.integer, np.floating, type(ml_dtypes.bfloat16(0)))
 
 
+@lru_cache(maxsize=None)
+def overflow_limit(dtype: DType) -> float:
+    """The smallest magnitude that converts to inf in floating-point `dtype` (inf for
+    float64), found by bisection over float64 bit patterns, so it is exact for the
+    conversion NumPy and ml_dtypes really do (bfloat16 rounds through float32)."""
+    if dtype.bits == 64:
+        return math.inf
+    convert = dtype.numpy.type
+    largest = float(ml_dtypes.finfo(dtype.numpy).max)
+    lo, hi = (int(np.float64(x).view(np.int64)) for x in (largest, 2 * largest))
+    with np.errstate(over="ignore"):
+        while hi - lo > 1:     # convert(lo) is finite, convert(hi) is inf
+            mid = (lo + hi) // 2
+            if math.isinf(float(convert(float(np.int64(mid).view(np.float64))))):
+                hi = mid
+            else:
+                lo = mid
+    return float(np.int64(hi).view(np.float64))
+
+
 def scalar_problem(dtype: DType, value: object) -> tuple[str, str | None] | None:
     """Why `value` cannot be passed as a scalar of `dtype`, as (what is wrong, hint), or
     None when it can. The caller names the parameter."""
@@ -86,6 +108,9 @@ def scalar_problem(dtype: DType, value: object) -> tuple[str, str | None] | None
         number = float(value)
     except OverflowError:
         return f"cannot hold {value} (it is beyond every float)", None
+    if dtype.is_float and overflow_limit(dtype) <= abs(number) < math.inf:
+        return (f"is {dtype}, which cannot hold {value} (it would become inf)",
+                f"finite values must lie within ±{float(ml_dtypes.finfo(dtype.numpy).max):g}")
     if dtype.is_integral:
         if not number.is_integer():
             return f"must be an integer, got {value}", None

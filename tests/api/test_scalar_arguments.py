@@ -61,6 +61,7 @@ def test_bad_integer_scalar_is_refused_before_and_after_warm_up(value: Any,
 
 scalars = st.one_of(
     st.integers(-2**40, 2**40), st.integers(2**1000, 2**1001), st.floats(allow_nan=True, allow_infinity=True, width=32),
+    st.floats(3e38, 1e308), st.floats(-1e308, -3e38),
     st.booleans(), st.none(), st.text(max_size=3), st.complex_numbers(max_magnitude=4),
     st.lists(st.floats(-4, 4, width=32), max_size=2),
     st.integers(-200, 200).map(np.int16),
@@ -86,3 +87,31 @@ def test_unknown_keyword_is_an_argument_error_listing_the_parameters(module: pt.
         with pytest.raises(ArgumentError, match="unknown keyword argument.*bogus") as info:
             fn(0.5, V, bogus=1)
         assert "(a, A)" in info.value.render() and "out= and tune=" in info.value.render()
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float", "double"])
+def test_a_finite_scalar_that_would_become_inf_is_refused(dtype: str, tmp_path: Path) -> None:
+    """Converting to the parameter's type must not turn a finite value into inf (a silent
+    wrong answer): the exact limit is refused before and after a warm-up; the value just
+    below it, inf and NaN are taken."""
+    import math
+
+    from polytile import dtypes
+
+    fn = pt.define(f"def g({dtype} a, float(N) A) -> (B) {{ B(i) = A(i) * a }}",
+                   config=Config(cache_dir=tmp_path)).g
+    limit = dtypes.overflow_limit(dtypes.lookup(dtype))
+    small = np.full(8, 0.25, np.float32)       # products stay finite in the output type
+    for warm in (False, True):
+        if warm:
+            fn(1.0, small)
+        for value in (math.inf, -math.inf):
+            assert np.isinf(fn(value, small)).all()
+        assert np.isnan(fn(math.nan, small)).all()
+        if math.isinf(limit):        # double: every finite float fits
+            assert np.isfinite(fn(1e300, small)).all()
+            continue
+        for value in (limit, -limit, 1e300):
+            with pytest.raises(ArgumentError, match="would become inf"):
+                fn(value, small)
+        assert np.isfinite(fn(float(np.nextafter(limit, 0.0)), small)).all()
