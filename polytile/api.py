@@ -7,7 +7,8 @@
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from operator import index
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -191,14 +192,16 @@ class TCFunction:
     def _bound_key(self, inputs: dict[str, np.ndarray], scalars: dict[str, Any]) -> tuple:
         """The key of bound arguments (views of any adapted array)."""
         return self._key([inputs[p.name] if p.kind == "input" else scalars[p.name]
-                          for p in self.fn.params])
+                          for p in self.fn.params], int)     # checked scalars (np.bool_ too)
 
-    def _key(self, args: Sequence[Any]) -> tuple:
+    def _key(self, args: Sequence[Any], to_int: Callable[[Any], int] = index) -> tuple:
         """Shapes of the tensors and values of the integer scalars: one compiled kernel each."""
         # Runs on every call: list comprehensions (a generator costs a microsecond), and no
-        # tuple built when there are no integer scalars.
+        # tuple built when there are no integer scalars. On raw arguments operator.index
+        # takes ints only (a float or complex raises TypeError: the checked path judges it).
         shapes = tuple([args[k].shape for k in self._tensor_pos])
-        return shapes, (tuple([int(args[k]) for k in self._int_pos]) if self._int_pos else ())
+        return shapes, (tuple([to_int(args[k]) for k in self._int_pos]) if self._int_pos
+                        else ())
 
     def _fast_call(self, args: tuple[Any, ...], out: Any) -> Any:
         """The cached path: arguments already seen with these shapes; None to take the
