@@ -14,7 +14,6 @@ from polytile.analysis.deps import scalar_indices
 from polytile.codegen.cops import VECTOR_OPS  # the C backend's ops with a vector form
 from polytile.ir.nodes import Affine, Block, Constant, Intrinsic, Load, LoadIndex, Store
 
-AGGREGATIONS = ("assign", "add", "mul", "max", "min")
 MASKED_LANES = (8, 16)     # vector widths with masked moves (AVX, AVX-512)
 
 
@@ -50,10 +49,8 @@ def why_not_vector(blk: Block, vector: str) -> str | None:
             if st.dtype != dtypes.FLOAT32:
                 return f"{st.op} computes {st.dtype}, not float32"
     out = blk.ref(stores[0].ref)
-    if out.shape.dtype != dtypes.FLOAT32:
+    if out.shape.dtype != dtypes.FLOAT32:     # every aggregation has a vector form
         return f"its output {out.into} is not float32"
-    if out.agg not in AGGREGATIONS:
-        return f"its aggregation {out.agg} has no vector form"
     loops = {i.name for i in blk.idxs if i.affine is None and i.range > 1}
     if vector not in loops:
         return f"{vector} is not a loop of more than one iteration"

@@ -12,7 +12,7 @@ from pathlib import Path
 from polytile.backends import Generated, register
 from polytile.codegen.c import COptions, generate_c
 from polytile.ir import nodes as N
-from polytile.runtime.build import BuildResult, build_shared_object
+from polytile.runtime.build import build_shared_object
 from polytile.runtime.kernel import SYMBOL, Kernel
 from polytile.runtime.sanitize import sanitizer_flags
 from polytile.runtime.toolchain import BuildOptions, Toolchain, flags_for
@@ -36,9 +36,7 @@ class CX86Backend:
         return flags_for(toolchain, BuildOptions(opt_level=opt, native=False,
                                                  openmp=target.openmp, extra=extra))
 
-    def build(self, source: str, flags: Sequence[str], toolchain: Toolchain, out_path: Path,
-              source_path: Path) -> BuildResult:
-        return build_shared_object(source, flags, toolchain, out_path, source_path=source_path)
+    build = staticmethod(build_shared_object)
 
     def load(self, binary: Path, fn: N.Function) -> Kernel:
         return Kernel(binary, len(fn.params))

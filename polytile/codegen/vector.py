@@ -107,11 +107,11 @@ def emit(w: "_FunctionWriter", blk: Block, outer: Scope) -> list[str] | None:
     idx = fixed_indices(blk, outer.idx)
     if not blk.constraints:
         return [f"/* block {safe(blk.name)}: vector */"] + _Emitter(w, blk, outer, p, idx).lines()
-    boundary = blk.schedule.boundary
-    if boundary is None or boundary != boundary_versions(blk):
+    boundary, needed = blk.schedule.boundary, boundary_versions(blk)
+    if boundary != needed:
+        given = f"boundary({boundary})" if boundary else "nothing"
         raise IRError(f"vector block {blk.name} has constraints, so its schedule must say how "
-                      f"boundary tiles run: boundary({boundary_versions(blk)}), not "
-                      f"{boundary and f'boundary({boundary})' or 'nothing'}")
+                      f"boundary tiles run: boundary({needed}), not {given}")
     if boundary == "remainders":
         counts = _unroll_counts(blk, p, idx)
         return ([f"/* block {safe(blk.name)}: vector code, one version per tile remainder */"]

@@ -206,38 +206,32 @@ class _Parser(TokenCursor[_Token]):
         word = item.text
         if word in ("micro", "simd"):
             fields[word] = True
-        elif word == "parallel":
-            self.expect("(")
+            return
+        if word not in ("parallel", "vector", "unroll", "order", "transpose", "boundary",
+                        *GPU_KINDS):
+            raise IRError(f"unknown schedule item {word!r}", item.loc,
+                          "items: micro, vector(i, dtype, lanes), boundary(remainders|guarded), "
+                          "unroll(i, ...), order(i, ...), transpose(width), parallel(i), simd, "
+                          "grid(i), thread(i)")
+        self.expect("(")
+        if word in ("unroll", "order"):
+            fields[word] = self.listed(")", lambda: self.name("an index"))
+            return
+        if word == "parallel":
             fields["parallel"] = self.name("the index that runs in threads")
-            self.expect(")")
         elif word == "vector":
-            self.expect("(")
             index = self.name("the vector index")
             self.expect(",")
             dtype = self.dtype()
             self.expect(",")
             fields["vector"] = VectorLoop(index, dtype, self.integer("the lanes"))
-            self.expect(")")
-        elif word in ("unroll", "order"):
-            self.expect("(")
-            fields[word] = self.listed(")", lambda: self.name("an index"))
         elif word == "transpose":
-            self.expect("(")
             fields["transpose"] = self.integer("the panel width")
-            self.expect(")")
         elif word == "boundary":
-            self.expect("(")
             fields["boundary"] = self.name("remainders or guarded")
-            self.expect(")")
-        elif word in GPU_KINDS:
-            self.expect("(")
-            gpu.append((self.name("an index"), word))
-            self.expect(")")
         else:
-            raise IRError(f"unknown schedule item {word!r}", item.loc,
-                          "items: micro, vector(i, dtype, lanes), boundary(remainders|guarded), "
-                          "unroll(i, ...), order(i, ...), transpose(width), parallel(i), simd, "
-                          "grid(i), thread(i)")
+            gpu.append((self.name("an index"), word))
+        self.expect(")")
 
     def comment(self) -> str:
         lines = []

@@ -53,9 +53,7 @@ class Schedule:
 
 def full_lanes(block: N.Block, target: Target) -> int:
     """Lanes of one of the target's vectors of the block's output element type."""
-    out = next((r for r in block.refs if r.dir in ("out", "inout")), None)
-    bits = out.shape.dtype.bits if out is not None else 32
-    return max(1, target.vector_bytes // max(1, bits // 8))
+    return max(1, target.vector_bytes // max(1, _element_type(block).bits // 8))
 
 
 def check_schedule(block: N.Block, schedule: Schedule, target: Target) -> None:

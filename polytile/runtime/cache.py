@@ -38,7 +38,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from polytile.config import Config
 from polytile.errors import BuildError
@@ -52,8 +52,13 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# A backend's compile step: (source, flags, toolchain, binary path, source path).
-BuildStep = Callable[[str, Sequence[str], Toolchain, Path, Path], BuildResult]
+
+class BuildStep(Protocol):
+    """A backend's compile step (runtime.build.build_shared_object for C)."""
+
+    def __call__(self, source: str, flags: Sequence[str], toolchain: Toolchain,
+                 out_path: Path, *, source_path: Path) -> BuildResult: ...
+
 
 ENTRY_FORMAT = 2    # 2: the source file name and the stages are recorded
 META_NAME = "meta.json"
@@ -131,7 +136,7 @@ class KernelCache:
         return self._toolchain
 
     def get_or_build(self, key: CacheKey, generate: Callable[[], Generated],
-                     build: BuildStep | None = None) -> LoadedLibrary:
+                     build: BuildStep = build_shared_object) -> LoadedLibrary:
         """The library for `key`; `generate` (the stages' texts) and `build` (default: the
         C compiler) are called only when it must be compiled."""
         hit = self._memory.get(key)
@@ -141,9 +146,9 @@ class KernelCache:
             raise ValueError(f"key was made for compiler {key.compiler!r} but this cache "
                              f"builds with {self.toolchain.identity!r}")
         if self.config.disable_disk_cache:
-            lib = self._build_in_temp_dir(key, generate, build or _build_c)
+            lib = self._build_in_temp_dir(key, generate, build)
         else:
-            lib = self._get_or_build_on_disk(key, generate, build or _build_c)
+            lib = self._get_or_build_on_disk(key, generate, build)
         # setdefault: if two threads raced, both get the first library stored.
         return self._memory.setdefault(key, lib)
 
@@ -199,13 +204,8 @@ class KernelCache:
                      build: BuildStep) -> str:
         """Fill `build_dir` with a complete entry for `key`; return the source."""
         try:
-            generated = _checked(generate())
-            source = generated.source
-            for stage, text in generated.stages[:-1]:
-                (build_dir / f"stage-{stage}.txt").write_text(text, encoding="utf-8")
-            so_path = build_dir / f"kernel-{secrets.token_hex(8)}.so"
-            source_path = build_dir / generated.source_name
-            result = self._compile(build, source, key, so_path, source_path, build_dir)
+            generated, so_path, result = self._build_files(build_dir, key, generate, build)
+            source_path = result.source_path
             meta = {
                 "format": ENTRY_FORMAT, "digest": key.digest(), "key": key.parts(),
                 "so": so_path.name, "so_sha256": sha256_file(so_path),
@@ -216,7 +216,7 @@ class KernelCache:
                 "compiler_output": result.compiler_output,
             }
             (build_dir / META_NAME).write_text(json.dumps(meta, indent=1), encoding="utf-8")
-            return source
+            return generated.source
         except BaseException as e:
             # A failed compile with keep_build_dirs was moved aside by _compile.
             if not (self.config.keep_build_dirs and isinstance(e, BuildError)):
@@ -227,24 +227,32 @@ class KernelCache:
                            build: BuildStep) -> LoadedLibrary:
         build_dir = Path(tempfile.mkdtemp(prefix="polytile-build-"))
         try:
-            generated = _checked(generate())
-            source = generated.source
-            so_path = build_dir / f"kernel-{secrets.token_hex(8)}.so"
-            source_path = build_dir / generated.source_name
-            self._compile(build, source, key, so_path, source_path, build_dir)
+            generated, so_path, result = self._build_files(build_dir, key, generate, build)
             try:
                 cdll = ctypes.CDLL(str(so_path))
             except OSError as e:
-                raise BuildError(f"the compiled kernel cannot be loaded: {e}", source) from e
-            return LoadedLibrary(cdll, so_path, source_path, key.digest())
+                raise BuildError(f"the compiled kernel cannot be loaded: {e}",
+                                 generated.source) from e
+            return LoadedLibrary(cdll, so_path, result.source_path, key.digest())
         finally:
             if not self.config.keep_build_dirs:
                 shutil.rmtree(build_dir, ignore_errors=True)
 
+    def _build_files(self, build_dir: Path, key: CacheKey, generate: Callable[[], Generated],
+                     build: BuildStep) -> tuple[Generated, Path, BuildResult]:
+        """Write every stage's text into `build_dir` and compile the source there."""
+        generated = _checked(generate())
+        for stage, text in generated.stages[:-1]:
+            (build_dir / f"stage-{stage}.txt").write_text(text, encoding="utf-8")
+        so_path = build_dir / f"kernel-{secrets.token_hex(8)}.so"
+        source_path = build_dir / generated.source_name
+        return generated, so_path, self._compile(build, generated.source, key, so_path,
+                                                 source_path, build_dir)
+
     def _compile(self, build: BuildStep, source: str, key: CacheKey, so_path: Path,
                  source_path: Path, build_dir: Path) -> BuildResult:
         try:
-            return build(source, key.flags, self.toolchain, so_path, source_path)
+            return build(source, key.flags, self.toolchain, so_path, source_path=source_path)
         except BuildError as e:
             if not self.config.keep_build_dirs:
                 raise
@@ -252,11 +260,6 @@ class KernelCache:
             os.rename(build_dir, kept)
             raise BuildError(e.message, e.source_code, e.compiler_output,
                              hint=f"the source and the failed build are kept in {kept}") from e
-
-
-def _build_c(source: str, flags: Sequence[str], toolchain: Toolchain, so_path: Path,
-             source_path: Path) -> BuildResult:
-    return build_shared_object(source, flags, toolchain, so_path, source_path=source_path)
 
 
 def _checked(generated: Generated) -> Generated:
