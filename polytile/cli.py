@@ -1,8 +1,8 @@
 """The `polytile` command (also `python -m polytile`).
 
     polytile check FILE.tc [--sizes M=128,K=64]
-    polytile show FILE.tc --stage ast|program|ir|c [--sizes ...] [--function NAME] [--target T]
-                           (c, or any stage of the target's backend)
+    polytile show FILE.tc --stage ast|program|ir|loops|c [--sizes ...] [--function NAME] [--target T]
+                           (loops and c, or any stage of the target's backend)
     polytile targets
     polytile sanitize [--with address,undefined] -- COMMAND [ARGS...]
     polytile tune FILE.tc --sizes M=1024,K=1024,N=1024 [--budget 2m] [--strategy genetic|random]
@@ -250,10 +250,10 @@ def main(argv: list[str] | None = None) -> int:
     check.add_argument("--sizes", type=_sizes, default=None,
                        help="concrete sizes, e.g. M=128,K=64 (integer scalars too)")
     check.set_defaults(run=cmd_check)
-    show = sub.add_parser("show", help="print one stage: ast, program, ir, or a backend's (c)")
+    show = sub.add_parser("show", help="print one stage: ast, program, ir, or a backend's (loops, c)")
     show.add_argument("file", help="TC source file, or - for standard input")
     show.add_argument("--stage", default="program",
-                      help="ast, program, ir, or a stage of a backend (c)")
+                      help="ast, program, ir, or a stage of a backend (loops, c)")
     show.add_argument("--sizes", type=_sizes, default=None, help="e.g. M=128,K=64")
     show.add_argument("--function", default=None, help="only this function")
     show.add_argument("--target", default=None,

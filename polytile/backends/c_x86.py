@@ -1,8 +1,9 @@
 """The C backend for x86-64 (and any machine gcc/clang targets): C99 + OpenMP, built into a
 shared object by the system compiler, called through cffi.
 
-Stages: "c" (the source, polytile.codegen.c). The ISA comes from the target's cflags
-(`-march=...`); the vector widths were chosen by the passes for the target.
+Stages: "loops" (the loop IR, polytile.loops: every decision made) and "c" (its print,
+polytile.codegen.c). The ISA comes from the target's cflags (`-march=...`); the vector
+widths were chosen by the passes for the target.
 """
 from __future__ import annotations
 
@@ -10,8 +11,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from polytile.backends import Generated, register
-from polytile.codegen.c import COptions, generate_c
+from polytile.codegen.c import print_c
 from polytile.ir import nodes as N
+from polytile.loops.lower import lower
+from polytile.loops.text import kernel_text
 from polytile.runtime.build import build_shared_object
 from polytile.runtime.kernel import SYMBOL, Kernel
 from polytile.runtime.sanitize import sanitizer_flags
@@ -21,10 +24,12 @@ from polytile.targets.target import Target
 
 class CX86Backend:
     name: str = "c-x86"
-    stages: tuple[str, ...] = ("c",)
+    stages: tuple[str, ...] = ("loops", "c")
 
     def generate(self, fn: N.Function, target: Target) -> Generated:
-        return Generated((("c", generate_c(fn, COptions(symbol=SYMBOL)).text),), "kernel.c")
+        kernel = lower(fn)
+        return Generated((("loops", kernel_text(kernel)), ("c", print_c(kernel, SYMBOL).text)),
+                         "kernel.c")
 
     def flags(self, target: Target, toolchain: Toolchain,
               sanitize: Sequence[str]) -> tuple[str, ...]:

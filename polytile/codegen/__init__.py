@@ -1,5 +1,5 @@
 """Code generation from the IR: C99 (+OpenMP) today."""
-from polytile.codegen.c import COptions, CSource, generate_c
+from polytile.codegen.c import COptions, CSource, generate_c, print_c
 from polytile.codegen.cabi import ERR_INDEX, ERR_NOMEM, ERR_WORDS, kernel_error
 
 __all__ = [
@@ -9,5 +9,6 @@ __all__ = [
            "COptions",
            "CSource",
            "generate_c",
+           "print_c",
            "kernel_error",
 ]

@@ -110,7 +110,7 @@ def run(fn: Function, buffers: Mapping[str, np.ndarray]) -> None:
 
     `out`/`inout` arrays are updated in place, and only when the run succeeds.
     """
-    layouts = _bind(fn, buffers)
+    layouts = bind(fn, buffers)
     views = {name: view for name, (view, _) in layouts.items()}
     caller = _Batch(_Grid((1,), {}, None), views)
     _run_block(fn.body, caller, fn.body.name)
@@ -120,7 +120,7 @@ def run(fn: Function, buffers: Mapping[str, np.ndarray]) -> None:
             buffers[ref.into][...] = view.storage[offsets]
 
 
-def _bind(fn: Function, buffers: Mapping[str, np.ndarray]
+def bind(fn: Function, buffers: Mapping[str, np.ndarray]
           ) -> dict[str, tuple[_View, np.ndarray]]:
     """A flat copy of each argument laid out by its refinement's strides, and the flat
     offset of each of its elements."""

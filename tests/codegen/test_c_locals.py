@@ -36,7 +36,7 @@ def pointer(text: str, name: str) -> str:
 def filled(text: str, name: str) -> bool:
     """Whether the code gives local `name` its NaN or 0 start on every call."""
     ptr = pointer(text, name)
-    return bool(re.search(rf"{ptr}\[i\d+\] = NAN;|memset\({ptr}, 0, |{ptr}\[\d+\] = \{{0\}}",
+    return bool(re.search(rf"{ptr}\[\w+\] = NAN;|memset\({ptr}, 0, |{ptr}\[\d+\] = \{{0\}}",
                           text))
 
 

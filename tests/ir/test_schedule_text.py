@@ -112,5 +112,12 @@ def test_the_parallel_index_must_write_disjoint_elements() -> None:
 def test_the_c_backend_refuses_gpu_mappings() -> None:
     from polytile.codegen.c import generate_c
     from polytile.errors import UnsupportedError
-    with pytest.raises(UnsupportedError, match="GPU grid or threads"):
+    with pytest.raises(UnsupportedError, match="runs on a GPU grid"):
         generate_c(function("schedule(grid(i), thread(j))"))
+
+
+def test_gpu_mappings_lower_to_grid_and_thread_loops() -> None:
+    from polytile.loops.lower import lower
+    from polytile.loops.text import kernel_text
+    text = kernel_text(lower(function("schedule(grid(i), thread(j))")))
+    assert "grid for i0 in [0, " in text and "thread for i1 in [0, " in text

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import polytile
-import polytile.backends.c_x86 as codegen   # the C backend's generate_c, as it calls it
+import polytile.backends.c_x86 as codegen   # the C backend's print_c, as it calls it
 from polytile.codegen.c import CSource
 from polytile.config import Config
 from polytile.passes.schedule import Schedule
@@ -28,7 +28,7 @@ from .conftest import TMM
 BEHAVIOUR = {3: "crash", 5: "wrong", 6: "hang", 4: "compile-hang"}
 _CURRENT: dict[str, str | None] = {"behaviour": None}
 _real_build_one = measure.build_one
-_real_generate_c = codegen.generate_c
+_real_print_c = codegen.print_c
 
 
 def _behaviour(options: Options) -> str | None:
@@ -41,8 +41,8 @@ def _build_one(job, options, timeout):  # type: ignore[no-untyped-def]
     return _real_build_one(job, options, timeout)
 
 
-def _generate_c(fn, options=None):  # type: ignore[no-untyped-def]
-    source = _real_generate_c(fn, options)
+def _print_c(kernel, symbol=None):  # type: ignore[no-untyped-def]
+    source = _real_print_c(kernel, symbol)
     behaviour = _CURRENT["behaviour"]
     bad = {"crash": "*(volatile int *)0 = 0;",
            "wrong": "((float *)args[2])[0] += 1.0f;",
@@ -63,7 +63,7 @@ def test_crashing_hanging_and_wrong_candidates_are_rejected(
         config: Config, tmm_args: tuple[np.ndarray, np.ndarray],
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(measure, "build_one", _build_one)
-    monkeypatch.setattr(codegen, "generate_c", _generate_c)
+    monkeypatch.setattr(codegen, "print_c", _print_c)
     mod = polytile.define(TMM, config=config)
     start = [_schedule(u) for u in (3, 5, 6, 4, 2)]
     result = polytile.tune(mod.tmm, *tmm_args, start=start, population=6, generations=2,
@@ -86,7 +86,7 @@ def test_crashing_hanging_and_wrong_candidates_are_rejected(
     entry = TuningDatabase.of(config).best(result.key)
     assert entry is not None and entry.options == result.best
     # The tuned kernel runs and is right.
-    monkeypatch.setattr(codegen, "generate_c", _real_generate_c)
+    monkeypatch.setattr(codegen, "print_c", _real_print_c)
     a, b = tmm_args
     np.testing.assert_allclose(mod.tmm(a, b), a @ b.T, rtol=1e-4, atol=1e-4)
 

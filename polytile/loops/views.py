@@ -1,8 +1,8 @@
-"""What the C generator knows at a point in the block tree: views, indices, scalars.
+"""What the lowering knows at a point in the block tree: views, indices, scalars.
 
-Index values and view origins are `Affine`s over *C variable names* (the loop
-variables `i0, i1, ...` of enclosing loops), so an address is a single folded
-expression such as `b2[13*i0 + i1]` however deeply the views are nested.
+Index values and view origins are `Affine`s over *loop IR names* (the loop variables
+`i0, i1, ...` of enclosing loops), so an address is a single folded flat offset such
+as `13*i0 + i1` into one buffer however deeply the views are nested.
 """
 from __future__ import annotations
 
@@ -17,11 +17,11 @@ from polytile.ir.nodes import Affine, Block, Dim, Refinement
 
 @dataclass(frozen=True)
 class View:
-    """A refinement as seen by generated code."""
+    """A refinement as seen by the loops."""
 
-    ptr: str                              # C pointer variable of the top-level buffer
+    ptr: str                              # the loop IR buffer (parameter or local)
     dtype: DType
-    offset: Affine                        # element offset of the origin, over C variables
+    offset: Affine                        # element offset of the origin, over loop names
     dims: tuple[Dim, ...]
     coords: tuple[Affine, ...] | None     # origin per top-level dimension; None if ranks differ
     param: int                            # position in Function.params, -1 for a local buffer
@@ -30,28 +30,13 @@ class View:
     label: str                            # sanitized source name, for comments only
 
 
-class Target:
-    """Where a failed run-time check jumps: a label, and a flag to set on the way if
-    the code after that label must tell a failure from a normal fall-through."""
-
-    def __init__(self, label: str, flag: str | None = None):
-        self.label = label
-        self.flag = flag
-        self.used = False
-
-    def jump(self) -> list[str]:
-        self.used = True
-        return ([f"{self.flag} = 1;"] if self.flag else []) + [f"goto {self.label};"]
-
-
 @dataclass(frozen=True)
 class Scope:
-    idx: Mapping[str, Affine]               # IR index name -> value over C variables
+    idx: Mapping[str, Affine]               # IR index name -> value over loop names
     views: Mapping[str, View]               # IR buffer name -> view
-    scalars: dict[str, tuple[str, DType]]   # IR scalar name -> (C variable, dtype); the
+    scalars: dict[str, tuple[str, DType]]   # IR scalar name -> (loop IR name, dtype); the
                                             # block body adds its own as it goes
-    fail: Target
-    parallel: bool                          # inside an OpenMP parallel loop
+    parallel: bool                          # inside a parallel loop
 
 
 _NOT_WORD = re.compile(r"[^A-Za-z0-9_]")
@@ -62,36 +47,8 @@ def safe(name: str) -> str:
     return _NOT_WORD.sub("_", name)[:64] or "_"
 
 
-def c_affine(a: Affine) -> str:
-    """`a` as a C int64 expression, e.g. `13*i0 + i1 - 1`."""
-    parts: list[str] = []
-    terms = sorted(a.terms, key=lambda t: _natural(t[0]))
-    if a.const > 0 and terms and terms[0][1] < 0:     # `13 - 4*i0`, not `-4*i0 + 13`
-        parts.append(str(a.const))
-        a = Affine(a.terms, 0)
-    for name, coeff in terms:
-        mag = abs(coeff)
-        term = name if mag == 1 else f"{mag}*{name}"
-        if not parts:
-            parts.append(f"-{term}" if coeff < 0 else term)
-        else:
-            parts.append(f"{'-' if coeff < 0 else '+'} {term}")
-    if a.const or not parts:
-        if parts:
-            parts.append(f"{'-' if a.const < 0 else '+'} {abs(a.const)}")
-        else:
-            parts.append(str(a.const))
-    return " ".join(parts)
-
-
-def _natural(name: str) -> tuple[str, int]:
-    """Sort key that puts i9 before i10 (outer loops come first in addresses)."""
-    head = name.rstrip("0123456789")
-    return head, int(name[len(head):] or -1)
-
-
 def resolve(a: Affine, idx: Mapping[str, Affine], where: str) -> Affine:
-    """`a` over IR indices rewritten over C variables; a block sees only its own indices."""
+    """`a` over IR indices rewritten over loop names; a block sees only its own indices."""
     missing = [n for n in a.names if n not in idx]
     if missing:
         raise IRError(f"{where} uses index {missing[0]!r}, which is not an index of the block",
@@ -154,7 +111,7 @@ def extent(dims: tuple[Dim, ...], name: str) -> int:
 
 
 def writes_disjoint(var: str, varying: set[str], views: list[View]) -> bool:
-    """True if iterations that differ in C loop variable `var` (while the variables in
+    """True if iterations that differ in loop variable `var` (while the variables in
     `varying` take any values too) never write the same element of any of `views`.
 
     Sufficient condition, per written view: some dimension's origin is `k*var + g`

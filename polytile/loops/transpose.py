@@ -1,4 +1,4 @@
-"""Vector code for copy blocks that transpose (the pack pass's panels): L x L tiles
+"""Vector loops for copy blocks that transpose (the pack pass's panels): L x L tiles
 loaded along the source's unit-stride index, transposed in registers, stored along
 the destination's.
 
@@ -15,7 +15,7 @@ a1 = a0 + t of the destination. A scalar copy would touch one element per
 instruction, with every store (or load) in a different cache line.
 
 Used for float32 blocks whose constraints only bound the destination's index; anything
-else returns None and runs the scalar code.
+else returns None and is lowered as scalar loops.
 """
 from __future__ import annotations
 
@@ -23,11 +23,14 @@ from typing import TYPE_CHECKING
 
 from polytile import dtypes
 from polytile.analysis.vectorizable import MASKED_LANES
-from polytile.codegen.cscope import Scope, c_affine, child_view, fixed_indices, resolve, safe
 from polytile.ir.nodes import Affine, Block, Load, Refinement, Store
+from polytile.loops import nodes as L
+from polytile.loops.views import Scope, child_view, fixed_indices, resolve, safe
 
 if TYPE_CHECKING:
-    from polytile.codegen.c import _FunctionWriter
+    from polytile.loops.lower import Lowering
+
+INT64 = L.VType(dtypes.INT64)
 
 
 def _unit_index(ref: Refinement, loops: set[str]) -> str | None:
@@ -40,9 +43,9 @@ def _unit_index(ref: Refinement, loops: set[str]) -> str | None:
     return None
 
 
-def emit(w: "_FunctionWriter", blk: Block, outer: Scope) -> list[str] | None:
-    L = w.vector_lanes or blk.schedule.transpose          # the function's vector type
-    if L not in MASKED_LANES:
+def lower_block(low: "Lowering", blk: Block, outer: Scope) -> list[L.Stmt] | None:
+    lanes = low.vector_lanes or blk.schedule.transpose          # the function's vector width
+    if lanes not in MASKED_LANES:
         return None
     if len(blk.stmts) != 2 or not isinstance(blk.stmts[0], Load) \
             or not isinstance(blk.stmts[1], Store) or blk.stmts[0].dynamic:
@@ -66,57 +69,65 @@ def emit(w: "_FunctionWriter", blk: Block, outer: Scope) -> list[str] | None:
         if x is None:
             return None
         bounds[x].append(Affine.of({n: k for n, k in c.terms if n != x}, c.const))
-    w.vector_lanes = L
+    low.vector_lanes = lanes
+    vtype = L.VType(dtypes.FLOAT32, lanes)
     outer_loops = [n for n in ranges if n not in (i, a) and ranges[n] > 1]
     for n in outer_loops:
-        idx[n] = Affine.index(w.fresh("i"))
-    def count(x: str) -> str:
-        text = str(ranges[x])
-        for b in bounds[x]:
-            text = f"pt_imin({text}, {c_affine(resolve(b, idx, 'a constraint'))} + 1)"
-        return text
+        idx[n] = Affine.index(low.fresh("i"))
 
-    ni, nai, nr, na, i0, a0 = (w.fresh(x) for x in ("ni", "na", "nr", "na", "i", "i"))
+    def count(x: str) -> L.IExpr:
+        limits = [resolve(b, idx, "a constraint") + 1 for b in bounds[x]]
+        return L.IMin((Affine.constant(ranges[x]), *limits)) if limits \
+            else Affine.constant(ranges[x])
+
+    ni, nai, nr, na, i0, a0 = (low.fresh(x) for x in ("ni", "na", "nr", "na", "i", "i"))
     idx[i], idx[a] = Affine.index(i0), Affine.index(a0)
     src_view = child_view(src, outer.views[src.from_], idx)
     dst_view = child_view(dst, outer.views[dst.from_], idx)
     si = sum(x.coeff(i) * d.stride for x, d in zip(src.access, outer.views[src.from_].dims))
     da = sum(x.coeff(a) * d.stride for x, d in zip(dst.access, outer.views[dst.from_].dims))
-    rows = [w.fresh("r") for _ in range(L)]
-    tile = [f"const int64_t {nr} = pt_imin({L}, {ni} - {i0});"]
+    rows = [low.fresh("r") for _ in range(lanes)]
+
+    def left(n: str, t: int) -> Affine:       # n - t - 1 >= 0: row t is in range
+        return Affine.index(n) - (t + 1)
+
+    tile: list[L.Stmt] = [L.Let(nr, INT64, L.IntValue(L.IMin((
+        Affine.constant(lanes), Affine.index(ni) - Affine.index(i0)))))]
     for t, r in enumerate(rows):
-        at = w.element(src_view, src_view.offset + t * si)
-        tile.append(f"pt_vf {r} = {t} < {nr} ? pt_vload_n(&{at}, {na}) : pt_vsplat(0.0f);")
-    tile += _transpose(rows, L)
+        tile += [L.Var(r, vtype, L.Lit(0.0)),
+                 L.If((left(nr, t),), (L.Assign(r, L.Read(
+                     src_view.ptr, src_view.offset + t * si, lanes, Affine.index(na))),))]
+    tile += _transpose(low, rows, vtype)
     for t, r in enumerate(rows):
-        at = w.element(dst_view, dst_view.offset + t * da)
-        tile.append(f"if ({t} < {na}) pt_vstore_n(&{at}, {r}, {nr});")
-    body = [f"const int64_t {ni} = {count(i)};", f"const int64_t {nai} = {count(a)};",
-            f"for (int64_t {a0} = 0; {a0} < {nai}; {a0} += {L}) {{",
-            f"    const int64_t {na} = pt_imin({L}, {nai} - {a0});",
-            f"    for (int64_t {i0} = 0; {i0} < {ni}; {i0} += {L}) {{",
-            *["        " + x for x in tile], "    }", "}"]
+        tile.append(L.If((left(na, t),), (L.Store(dst_view.ptr, dst_view.offset + t * da, r,
+                                                   count=Affine.index(nr)),)))
+    body: list[L.Stmt] = [
+        L.Let(ni, INT64, L.IntValue(count(i))), L.Let(nai, INT64, L.IntValue(count(a))),
+        L.Loop(a0, Affine.constant(0), Affine.index(nai), (
+            L.Let(na, INT64, L.IntValue(L.IMin((Affine.constant(lanes),
+                                                Affine.index(nai) - Affine.index(a0))))),
+            L.Loop(i0, Affine.constant(0), Affine.index(ni), tuple(tile), step=lanes),
+        ), step=lanes)]
     for n in reversed(outer_loops):
-        var = c_affine(idx[n])
-        body = [f"for (int64_t {var} = 0; {var} < {ranges[n]}; {var}++) {{",
-                *["    " + x for x in body], "}"]
-    return [f"/* block {safe(blk.name)}: {L}x{L} transposes */", "{",
-            *["    " + x for x in body], "}"]
+        (var,) = idx[n].names
+        body = [L.Loop(var, Affine.constant(0), Affine.constant(ranges[n]), tuple(body))]
+    return [L.Comment(f"block {safe(blk.name)}: {lanes}x{lanes} transposes"), *body]
 
 
-def _transpose(rows: list[str], lanes: int) -> list[str]:
+def _transpose(low: "Lowering", rows: list[str], vtype: L.VType) -> list[L.Stmt]:
     """Transpose the L x L matrix whose rows are the vectors `rows`, in place: for each
     block size b, swap the off-diagonal b x b blocks of every 2b x 2b block."""
-    out = []
+    lanes = vtype.lanes
+    out: list[L.Stmt] = []
     b = 1
     while b < lanes:
-        lo = ", ".join(str(k) if not k & b else str(lanes + k - b) for k in range(lanes))
-        hi = ", ".join(str(k + b) if not k & b else str(lanes + k) for k in range(lanes))
+        lo = tuple(k if not k & b else lanes + k - b for k in range(lanes))
+        hi = tuple(k + b if not k & b else lanes + k for k in range(lanes))
         for r in range(lanes):
             if r & b:
                 continue
-            x, y = rows[r], rows[r + b]
-            out.append(f"{{ const pt_vf t0 = __builtin_shufflevector({x}, {y}, {lo}); "
-                       f"{y} = __builtin_shufflevector({x}, {y}, {hi}); {x} = t0; }}")
+            x, y, t = rows[r], rows[r + b], low.fresh("t")
+            out += [L.Let(t, vtype, L.Shuffle(x, y, lo)), L.Assign(y, L.Shuffle(x, y, hi)),
+                    L.Assign(x, L.Name(t))]
         b *= 2
     return out

@@ -1,35 +1,35 @@
-"""A block's iteration space as C loops: index values, loop bounds and guards.
+"""A block's iteration space as loops: index values, loop bounds and guards.
 
 Every index with range > 1 becomes a loop variable. A constraint `a >= 0` that
 involves loop variables of the block is folded into the bounds of the innermost
 of them (solving for it; the others are already fixed there), so no iteration
-runs that the constraint excludes and no `if` is needed inside the loops. A
+runs that the constraint excludes and no `If` is needed inside the loops. A
 constraint over passed-in indices only becomes a guard around the whole block.
 
     [io (passed), ii:4]  with  12 - 4*io - ii >= 0
-      ->  for (int64_t i1 = 0; i1 < pt_min_i64(4, 13 - 4*i0); i1++)
+      ->  for i1 in [0, min(4, 13 - 4*i0))
 """
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from polytile.codegen.cexpr import Needs
-from polytile.codegen.cscope import c_affine, resolve
 from polytile.errors import IRError
 from polytile.ir.nodes import Affine, Block
+from polytile.loops.nodes import IDiv, IExpr, IMax, IMin
+from polytile.loops.views import resolve
 
 
 @dataclass
 class IterationSpace:
-    idx: dict[str, Affine]          # IR index -> value over C variables
-    loops: list[str]                # C loop variables, outermost first
+    idx: dict[str, Affine]          # IR index -> value over loop names
+    loops: list[str]                # loop variables, outermost first
     bounds: LoopBounds
     guards: list[Affine]            # each >= 0, over enclosing loop variables
 
 
-def iteration_space(blk: Block, parent_idx: Mapping[str, Affine], fresh: Callable[[], str],
-                    needs: Needs) -> IterationSpace | str:
+def iteration_space(blk: Block, parent_idx: Mapping[str, Affine], fresh: Callable[[], str]
+                    ) -> IterationSpace | str:
     """The loops of `blk`, or why it runs no iteration at all."""
     idx: dict[str, Affine] = {}
     ranges: list[tuple[str, int]] = []
@@ -47,7 +47,7 @@ def iteration_space(blk: Block, parent_idx: Mapping[str, Affine], fresh: Callabl
             var = fresh()
             idx[ix.name] = Affine.index(var)
             ranges.append((var, ix.range))
-    bounds = LoopBounds(ranges, needs)
+    bounds = LoopBounds(ranges)
     guards: list[Affine] = []
     for constraint in blk.constraints:
         a = resolve(constraint, idx, f"a constraint of block {blk.name!r}")
@@ -63,11 +63,10 @@ def iteration_space(blk: Block, parent_idx: Mapping[str, Affine], fresh: Callabl
 class LoopBounds:
     """Loop ranges, narrowed by the constraints folded into them."""
 
-    def __init__(self, loops: list[tuple[str, int]], needs: Needs):
+    def __init__(self, loops: list[tuple[str, int]]):
         self.order = [v for v, _ in loops]
-        self.lo: dict[str, tuple[int, list[str]]] = {v: (0, []) for v, _ in loops}
-        self.hi: dict[str, tuple[int, list[str]]] = {v: (r, []) for v, r in loops}
-        self.needs = needs
+        self.lo: dict[str, tuple[int, list[IExpr]]] = {v: (0, []) for v, _ in loops}
+        self.hi: dict[str, tuple[int, list[IExpr]]] = {v: (r, []) for v, r in loops}
 
     def fold(self, a: Affine) -> bool:
         """Fold `a >= 0` into the bounds of its innermost loop variable; False if it has none."""
@@ -82,29 +81,20 @@ class LoopBounds:
             if not rest.terms:
                 self.lo[var] = (max(const, -(rest.const // c)), exprs)
             else:
-                self.lo[var] = (const, [*exprs, self._div(rest.scale(-1), c, ceil=True)])
+                neg = rest.scale(-1)
+                self.lo[var] = (const, [*exprs, neg if c == 1 else IDiv(neg, c, ceil=True)])
         else:                                  # var < floor(rest / -c) + 1
             const, exprs = self.hi[var]
             if not rest.terms:
                 self.hi[var] = (min(const, rest.const // -c + 1), exprs)
             else:
-                self.hi[var] = (const, [*exprs, self._div(rest, -c, ceil=False, plus=1)])
+                m = -c
+                self.hi[var] = (const, [*exprs, rest + 1 if m == 1 else IDiv(rest + m, m)])
         return True
 
-    def _div(self, a: Affine, m: int, ceil: bool, plus: int = 0) -> str:
-        if m == 1:
-            return c_affine(a + plus)
-        self.needs.use("bounds")
-        call = f"pt_{'ceil' if ceil else 'floor'}div_i64({c_affine(a)}, {m})"
-        return f"{call} + {plus}" if plus else call
-
-    def range_of(self, var: str) -> tuple[str, str]:
-        """C expressions for the first value and the end (exclusive) of loop `var`."""
-        return (self._combine(*self.lo[var], "max"), self._combine(*self.hi[var], "min"))
-
-    def _combine(self, const: int, exprs: list[str], pick: str) -> str:
-        result = str(const)
-        for expr in exprs:
-            self.needs.use("bounds")
-            result = f"pt_{pick}_i64({result}, {expr})"
-        return result
+    def range_of(self, var: str) -> tuple[IExpr, IExpr]:
+        """The first value and the end (exclusive) of loop `var`."""
+        lo, los = self.lo[var]
+        hi, his = self.hi[var]
+        return (IMax((Affine.constant(lo), *los)) if los else Affine.constant(lo),
+                IMin((Affine.constant(hi), *his)) if his else Affine.constant(hi))

@@ -1,0 +1,183 @@
+"""Run loop IR on NumPy arrays: the meaning of the loop IR, and the oracle its lowering is
+tested with (against the IR interpreter, polytile.ir.interp).
+
+    run(fn, {"A": a, "B": b, "C": c})            # lowers fn; c is updated in place
+    run(fn, buffers, kernel=lower(fn, options))  # a given kernel of fn
+
+One iteration at a time, in Python: meant for small sizes. Every buffer is a flat array
+laid out by its refinement's strides (parameters, as the IR interpreter binds them) or
+by its size (locals). Beyond the C backend's semantics it checks what C cannot:
+
+* every element read or written lies inside its buffer (an access outside is an
+  IRError: a lowering bug that C would turn into memory corruption);
+* parallel, grid and thread loops run their iterations in reverse order, so a result
+  that depends on their order shows;
+* a local whose `init` is "" (the lowering proved the body writes it before reading it)
+  starts as NaN or a poison integer, so a wrong proof shows.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+from polytile import dtypes
+from polytile.errors import IRError, KernelError, UnsupportedError
+from polytile.ir import intrinsics
+from polytile.ir.interp import bind
+from polytile.ir.nodes import Affine, Function
+from polytile.loops import nodes as L
+from polytile.loops.lower import lower
+
+_AGGREGATE = {"add": np.add, "mul": np.multiply, "max": np.maximum, "min": np.minimum}
+_POISON = 0x5A
+
+
+def run(fn: Function, buffers: Mapping[str, np.ndarray], kernel: L.Kernel | None = None
+        ) -> None:
+    """Execute the loop IR of `fn` on `buffers` (by top-level refinement name; scalars as
+    0-d arrays). `out`/`inout` arrays are updated in place when the run succeeds."""
+    kernel = lower(fn) if kernel is None else kernel
+    layouts = bind(fn, buffers)
+    machine = _Machine()
+    for b in kernel.params:
+        view, _ = layouts[fn.params[b.param]]
+        machine.memory[b.name] = (view.storage, int(view.base[0]))
+    machine.alloc(kernel.locals)
+    machine.stmts(kernel.body)
+    for ref in fn.body.refs:
+        if ref.into in layouts and ref.dir in ("out", "inout"):
+            view, offsets = layouts[ref.into]
+            buffers[ref.into][...] = view.storage[offsets]
+
+
+class _Machine:
+    def __init__(self) -> None:
+        self.memory: dict[str, tuple[np.ndarray, int]] = {}   # buffer -> (storage, origin)
+        self.values: dict[str, np.ndarray] = {}
+        self.types: dict[str, L.VType] = {}
+        self.ints: dict[str, int] = {}                         # loop variables, int64 values
+
+    # ------------------------------------------------------------ memory
+
+    def alloc(self, buffers: tuple[L.Buffer, ...]) -> None:
+        for b in buffers:
+            fill = 0 if b.init == "zero" else np.nan if b.dtype.is_float else _POISON
+            self.memory[b.name] = (np.full(b.size, fill, b.dtype.numpy), 0)
+
+    def span(self, buffer: str, offset: Affine, lanes: int) -> tuple[np.ndarray, slice]:
+        storage, origin = self.memory[buffer]
+        start = origin + self.i(offset)
+        if lanes and (start < 0 or start + lanes > storage.size):
+            raise IRError(f"loop IR accesses elements {start - origin}..{start - origin + lanes - 1}"
+                          f" of {buffer} (origin {origin}), outside its {storage.size} elements")
+        return storage, slice(start, start + lanes)
+
+    # ------------------------------------------------------------ integers
+
+    def i(self, e: L.IExpr) -> int:
+        if isinstance(e, Affine):
+            return e.const + sum(c * self.ints[n] for n, c in e.terms)
+        if isinstance(e, L.IMin):
+            return min(self.i(a) for a in e.args)
+        if isinstance(e, L.IMax):
+            return max(self.i(a) for a in e.args)
+        num = self.i(e.num)
+        return -(-num // e.den) if e.ceil else num // e.den
+
+    # ------------------------------------------------------------ statements
+
+    def stmts(self, stmts: tuple[L.Stmt, ...]) -> None:
+        for st in stmts:
+            self.stmt(st)
+
+    def stmt(self, st: L.Stmt) -> None:
+        if isinstance(st, (L.Let, L.Var)):
+            self.types[st.name] = st.type
+            self.set(st.name, self.expr(st.value, st.type))
+        elif isinstance(st, L.Assign):
+            self.set(st.name, self.expr(st.value, self.types[st.name]))
+        elif isinstance(st, L.Store):
+            self.store(st)
+        elif isinstance(st, L.Loop):
+            values = range(self.i(st.lo), self.i(st.hi), st.step)
+            for v in (reversed(values) if st.kind != "serial" else values):
+                self.ints[st.var] = v
+                self.stmts(st.body)
+        elif isinstance(st, L.If):
+            self.stmts(st.then if all(self.i(c) >= 0 for c in st.conds) else st.else_)
+        elif isinstance(st, L.Switch):
+            value = self.i(st.value)
+            self.stmts(next((body for case, body in st.cases if case == value), ()))
+        elif isinstance(st, L.Check):
+            value = self.ints[st.value]
+            if not 0 <= value < st.size:
+                where = f"parameter {st.param}" if st.param >= 0 else "a temporary buffer"
+                raise KernelError(f"index {value} is out of range for dimension {st.dim} of "
+                                  f"{where} (size {st.size})")
+        elif isinstance(st, L.Alloc):
+            self.alloc(st.buffers)
+            self.stmts(st.body)
+            for b in st.buffers:
+                del self.memory[b.name]
+        elif not isinstance(st, L.Comment):
+            raise UnsupportedError(f"the loop IR interpreter cannot run {type(st).__name__} "
+                                   "nodes yet (tensorized instructions: issue 14; GPU "
+                                   "barriers: issue 15)")
+
+    def set(self, name: str, value: np.ndarray) -> None:
+        self.values[name] = value
+        if self.types[name] == L.VType(dtypes.INT64):
+            self.ints[name] = int(value)
+
+    def store(self, st: L.Store) -> None:
+        value = self.values[st.value]
+        lanes = value.size if value.ndim else 1
+        n = lanes if st.count is None else max(0, min(lanes, self.i(st.count)))
+        storage, span = self.span(st.buffer, st.offset, n)
+        new = value.reshape(-1)[:n].astype(storage.dtype)
+        if st.agg != "assign":
+            with np.errstate(all="ignore"):
+                new = _AGGREGATE[st.agg](storage[span], new).astype(storage.dtype)
+        storage[span] = new
+
+    # ------------------------------------------------------------ values
+
+    def expr(self, e: L.Expr, t: L.VType) -> np.ndarray:
+        dt = t.dtype.numpy
+        shape = () if t.lanes == 1 else (t.lanes,)
+        if isinstance(e, L.Lit):
+            with np.errstate(all="ignore"):
+                return np.full(shape, np.asarray(e.value).astype(dt))
+        if isinstance(e, L.Name):
+            return self.values[e.name].copy()
+        if isinstance(e, L.IntValue):
+            return np.asarray(self.i(e.value), np.int64)
+        if isinstance(e, L.Read):
+            n = e.lanes if e.count is None else max(0, min(e.lanes, self.i(e.count)))
+            storage, span = self.span(e.buffer, e.offset, n)
+            if t.lanes == 1:
+                return np.asarray(storage[span][0])
+            out = np.zeros(e.lanes, dt)
+            out[:n] = storage[span]
+            return out
+        if isinstance(e, L.Op):
+            return np.asarray(intrinsics.evaluate(e.op, e.dtype,
+                                                  *(self.values[a] for a in e.args)))
+        if isinstance(e, L.Broadcast):
+            return np.full(shape, self.values[e.value], dt)
+        if isinstance(e, L.Combine):
+            with np.errstate(all="ignore"):
+                if e.agg == "assign":
+                    return self.values[e.value].astype(dt)
+                return _AGGREGATE[e.agg](self.values[e.acc], self.values[e.value]).astype(dt)
+        if isinstance(e, L.Reduce):
+            with np.errstate(all="ignore"):
+                return np.asarray(_AGGREGATE[e.agg].reduce(self.values[e.value]).astype(dt))
+        if isinstance(e, L.Mask):
+            out = self.values[e.value].copy()
+            out[max(0, self.i(e.count)):] = e.fill
+            return out
+        if isinstance(e, L.Shuffle):
+            return np.concatenate([self.values[e.a], self.values[e.b]])[list(e.lanes)]
+        raise IRError(f"unknown loop IR expression {type(e).__name__}")

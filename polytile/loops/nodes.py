@@ -1,0 +1,263 @@
+"""The loop IR: explicit loops, typed values and flat memory, below Stripe's blocks.
+
+A `Kernel` is what a backend prints: every decision is already made. Stripe's blocks
+and views are gone: a loop has its kind and bounds, an access names a buffer and a flat
+element offset, a value has a type of `lanes` elements of one dtype (1: a scalar).
+
+Names are unique in a kernel and are the backend's identifiers. An integer name (a loop
+variable or an int64 `Let`) may appear in `Affine` offsets and bounds; every other value
+is named by the `Let` or `Var` that defines it, before its uses.
+
+Semantics (the interpreter, polytile.loops.interp, is the reference):
+
+* `Loop(var, lo, hi, body, kind, step)`: var = lo, lo + step, ... while var < hi. Kind
+  "parallel" (threads), "grid" and "thread" (a GPU's blocks and threads) run the
+  iterations in any order or at once; they write disjoint elements (the pass that chose
+  the kind proved it). `simd` allows the iterations to run across the lanes of a vector.
+* `Read(buffer, offset, lanes, count)`: `lanes` consecutive elements from `offset`; with
+  a count, lanes at or past it read as 0 and touch no memory. `Store` writes the same
+  way, combining each element with its aggregation (`Combine` semantics).
+* `Combine(agg, acc, value)`: acc + value, acc * value, or max / min where NaN wins,
+  lane by lane (an aggregation step). `Reduce(agg, value)` combines a vector's lanes.
+* `Check(value, size, param, dim)`: the kernel fails with an index error unless
+  0 <= value < size (a data-dependent subscript); `param` and `dim` say where.
+* `Alloc(buffers, body)`: local buffers that exist while `body` runs, each filled per
+  its `init` ("nan": a quiet NaN, floats only; "zero"; "": unspecified, because the body
+  writes every element before reading it).
+* `Instruction` and `Barrier` are for tensorized instructions (UNIT, issue 14) and GPU
+  backends (issue 15); the C printer and the interpreter refuse them until those give
+  them meaning.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Union
+
+from polytile.dtypes import DType
+from polytile.ir.nodes import Affine
+
+LOOP_KINDS = ("serial", "parallel", "grid", "thread")
+SPACES = ("global", "shared", "private")
+# Where the C backend keeps a buffer: an argument, the stack, a kept pool, or the heap.
+PLACEMENTS = ("param", "stack", "pool", "heap")
+INITS = ("nan", "zero", "")
+AGGS = ("assign", "add", "mul", "min", "max")
+
+
+@dataclass(frozen=True)
+class VType:
+    """`lanes` values of `dtype`; one lane is a scalar."""
+
+    dtype: DType
+    lanes: int = 1
+
+    def __str__(self) -> str:
+        return str(self.dtype) if self.lanes == 1 else f"{self.dtype}x{self.lanes}"
+
+
+# ---------------------------------------------------------------- integer expressions
+
+@dataclass(frozen=True)
+class IMin:
+    args: tuple["IExpr", ...]
+
+
+@dataclass(frozen=True)
+class IMax:
+    args: tuple["IExpr", ...]
+
+
+@dataclass(frozen=True)
+class IDiv:
+    """floor(num / den), or the ceiling with `ceil`; den > 0."""
+
+    num: Affine
+    den: int
+    ceil: bool = False
+
+
+IExpr = Union[Affine, IMin, IMax, IDiv]
+
+
+# ---------------------------------------------------------------- value expressions
+
+@dataclass(frozen=True)
+class Lit:
+    value: float | int | bool       # in every lane
+
+
+@dataclass(frozen=True)
+class Name:
+    name: str
+
+
+@dataclass(frozen=True)
+class IntValue:
+    value: IExpr                    # an int64
+
+
+@dataclass(frozen=True)
+class Read:
+    buffer: str
+    offset: Affine
+    lanes: int = 1
+    count: IExpr | None = None      # active lanes (masked); None: all
+
+
+@dataclass(frozen=True)
+class Op:
+    """An op of polytile.ir.intrinsics with result dtype `dtype`. Scalar operands may
+    have any dtypes (converted as the op says); vector operands all have the result's
+    lanes."""
+
+    op: str
+    args: tuple[str, ...]
+    dtype: DType
+
+
+@dataclass(frozen=True)
+class Broadcast:
+    value: str                      # a scalar of the vector's dtype
+
+
+@dataclass(frozen=True)
+class Combine:
+    agg: str
+    acc: str
+    value: str
+
+
+@dataclass(frozen=True)
+class Reduce:
+    agg: str
+    value: str                      # a vector; the result is a scalar
+
+
+@dataclass(frozen=True)
+class Mask:
+    value: str
+    count: IExpr                    # lanes at or past it become `fill`
+    fill: float
+
+
+@dataclass(frozen=True)
+class Shuffle:
+    a: str
+    b: str
+    lanes: tuple[int, ...]          # per result lane: k < L takes a[k], else b[k - L]
+
+
+Expr = Union[Lit, Name, IntValue, Read, Op, Broadcast, Combine, Reduce, Mask, Shuffle]
+
+
+# ---------------------------------------------------------------- statements
+
+@dataclass(frozen=True)
+class Let:
+    name: str
+    type: VType
+    value: Expr
+
+
+@dataclass(frozen=True)
+class Var:
+    """A mutable variable (an accumulator, a register of a transpose)."""
+
+    name: str
+    type: VType
+    value: Expr
+
+
+@dataclass(frozen=True)
+class Assign:
+    name: str                       # a Var
+    value: Expr
+
+
+@dataclass(frozen=True)
+class Store:
+    buffer: str
+    offset: Affine
+    value: str
+    agg: str = "assign"
+    count: IExpr | None = None
+
+
+@dataclass(frozen=True)
+class Loop:
+    var: str
+    lo: IExpr
+    hi: IExpr
+    body: tuple["Stmt", ...]
+    kind: str = "serial"
+    step: int = 1
+    simd: bool = False
+
+
+@dataclass(frozen=True)
+class If:
+    conds: tuple[IExpr, ...]        # all >= 0
+    then: tuple["Stmt", ...]
+    else_: tuple["Stmt", ...] = ()
+
+
+@dataclass(frozen=True)
+class Switch:
+    value: IExpr
+    cases: tuple[tuple[int, tuple["Stmt", ...]], ...]     # no case matches: nothing runs
+
+
+@dataclass(frozen=True)
+class Check:
+    value: str
+    size: int
+    param: int                      # position in the kernel's params, -1 for a local
+    dim: int
+
+
+@dataclass(frozen=True)
+class Buffer:
+    name: str
+    dtype: DType
+    size: int                       # elements (a parameter's: 0, the caller's)
+    placement: str = "param"
+    space: str = "global"
+    init: str = ""
+    param: int = -1
+    writable: bool = True
+    label: str = ""                 # what it holds, for comments
+
+
+@dataclass(frozen=True)
+class Alloc:
+    buffers: tuple[Buffer, ...]
+    body: tuple["Stmt", ...]
+
+
+@dataclass(frozen=True)
+class Comment:
+    text: str
+
+
+@dataclass(frozen=True)
+class Barrier:
+    space: str = "shared"
+
+
+@dataclass(frozen=True)
+class Instruction:
+    name: str
+    outputs: tuple[str, ...]
+    inputs: tuple[str, ...]
+
+
+Stmt = Union[Let, Var, Assign, Store, Loop, If, Switch, Check, Alloc, Comment, Barrier,
+             Instruction]
+
+
+@dataclass(frozen=True)
+class Kernel:
+    name: str                       # the source function's
+    params: tuple[Buffer, ...]
+    locals: tuple[Buffer, ...]      # the top level's; they live for the whole call
+    body: tuple[Stmt, ...]
