@@ -68,8 +68,10 @@ from polytile.codegen.vmath import vector_math
 from polytile.errors import IRError, UnsupportedError
 from polytile.ir.nodes import Affine, Function
 from polytile.loops import nodes as L
+from polytile.loops.instructions import instruction
 from polytile.loops.lower import LowerOptions, lower
 
+BACKEND = "c-x86"             # the name instruction forms are registered under
 _SYMBOL = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 _INDENT = "    "
 _REDUCE = {"add": "pt_vhsum", "max": "pt_vhmax", "min": "pt_vhmin", "mul": "pt_vhprod"}
@@ -296,9 +298,10 @@ class _Printer:
                     *_indent(self.fail(fail, "PT_ERR_INDEX", st.param, st.dim, buf)), "}"]
         if isinstance(st, L.Alloc):
             return self.alloc(st, fail)
+        if isinstance(st, L.Instruction):
+            return self.instruction(st)
         raise UnsupportedError(f"the C backend cannot print {type(st).__name__} nodes",
-                               hint="barriers are for GPU backends; tensorized instructions "
-                                    "are not built yet (issue 14)")
+                               hint="barriers are for GPU backends")
 
     def define(self, st: L.Let | L.Var) -> list[str]:
         self.types[st.name] = st.type
@@ -316,6 +319,22 @@ class _Printer:
             ctype = cexpr.scalar_type(st.type.dtype)
         const = "const " if isinstance(st, L.Let) else ""
         return [f"{const}{ctype} {st.name} = {cexpr.strip(self.expr(st.value, st.type))};"]
+
+    def instruction(self, st: L.Instruction) -> list[str]:
+        """The instruction's C form (`forms["c-x86"]`), after declaring its outputs."""
+        definition = instruction(st.name)
+        form = definition.forms.get(BACKEND)
+        if form is None:
+            raise UnsupportedError(f"instruction {st.name} has no form for the C backend")
+        lines = []
+        for name, t in zip(st.outputs, definition.outputs):
+            self.types[name] = t
+            if t.lanes > 1:
+                self.use_vector(t)
+            lines.append(f"{'pt_vf' if t.lanes > 1 else cexpr.scalar_type(t.dtype)} {name};")
+        operands = {f"out{k}": n for k, n in enumerate(st.outputs)}
+        operands.update({f"in{k}": n for k, n in enumerate(st.inputs)})
+        return lines + [form.format(**operands)]
 
     def use_vector(self, t: L.VType) -> None:
         if t.dtype != dtypes.FLOAT32:

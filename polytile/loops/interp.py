@@ -17,16 +17,17 @@ by its size (locals). Beyond the C backend's semantics it checks what C cannot:
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
 from polytile import dtypes
-from polytile.errors import IRError, KernelError, UnsupportedError
+from polytile.errors import ArgumentError, IRError, KernelError, UnsupportedError
 from polytile.ir import intrinsics
 from polytile.ir.interp import bind
 from polytile.ir.nodes import Affine, Function
 from polytile.loops import nodes as L
+from polytile.loops.instructions import instruction
 from polytile.loops.lower import lower
 
 _AGGREGATE = {"add": np.add, "mul": np.multiply, "max": np.maximum, "min": np.minimum}
@@ -39,24 +40,44 @@ def run(fn: Function, buffers: Mapping[str, np.ndarray], kernel: L.Kernel | None
     0-d arrays). `out`/`inout` arrays are updated in place when the run succeeds."""
     kernel = lower(fn) if kernel is None else kernel
     layouts = bind(fn, buffers)
-    machine = _Machine()
+    memory = {}
     for b in kernel.params:
         view, _ = layouts[fn.params[b.param]]
-        machine.memory[b.name] = (view.storage, int(view.base[0]))
-    machine.alloc(kernel.locals)
-    machine.stmts(kernel.body)
+        memory[b.name] = (view.storage, int(view.base[0]))
+    _Machine(memory).kernel(kernel)
     for ref in fn.body.refs:
         if ref.into in layouts and ref.dir in ("out", "inout"):
             view, offsets = layouts[ref.into]
             buffers[ref.into][...] = view.storage[offsets]
 
 
+def run_kernel(kernel: L.Kernel, arrays: Sequence[np.ndarray]) -> None:
+    """Execute `kernel` on flat memory: `arrays[p]` is parameter p's, a C-contiguous array
+    whose first element is the kernel's offset 0 (outputs are written in place)."""
+    if len(arrays) != len(kernel.params):
+        raise ArgumentError(f"kernel {kernel.name} takes {len(kernel.params)} arrays, "
+                            f"got {len(arrays)}")
+    memory = {}
+    for b in kernel.params:
+        array = arrays[b.param]
+        if not isinstance(array, np.ndarray) or array.dtype != b.dtype.numpy \
+                or not array.flags.c_contiguous:
+            raise ArgumentError(f"parameter {b.param} of kernel {kernel.name} needs a "
+                                f"C-contiguous {b.dtype} array")
+        memory[b.name] = (array.reshape(-1), 0)
+    _Machine(memory).kernel(kernel)
+
+
 class _Machine:
-    def __init__(self) -> None:
-        self.memory: dict[str, tuple[np.ndarray, int]] = {}   # buffer -> (storage, origin)
+    def __init__(self, memory: dict[str, tuple[np.ndarray, int]]) -> None:
+        self.memory = memory                                   # buffer -> (storage, origin)
         self.values: dict[str, np.ndarray] = {}
         self.types: dict[str, L.VType] = {}
         self.ints: dict[str, int] = {}                         # loop variables, int64 values
+
+    def kernel(self, kernel: L.Kernel) -> None:
+        self.alloc(kernel.locals)
+        self.stmts(kernel.body)
 
     # ------------------------------------------------------------ memory
 
@@ -120,10 +141,28 @@ class _Machine:
             self.stmts(st.body)
             for b in st.buffers:
                 del self.memory[b.name]
+        elif isinstance(st, L.Instruction):
+            self.instruction(st)
         elif not isinstance(st, L.Comment):
             raise UnsupportedError(f"the loop IR interpreter cannot run {type(st).__name__} "
-                                   "nodes yet (tensorized instructions: issue 14; GPU "
-                                   "barriers: issue 15)")
+                                   "nodes yet (GPU barriers: issue 15)")
+
+    def instruction(self, st: L.Instruction) -> None:
+        """Run an instruction's registered meaning on its inputs, checking the types."""
+        definition = instruction(st.name)
+        if len(st.inputs) != len(definition.inputs) or \
+                len(st.outputs) != len(definition.outputs):
+            raise IRError(f"instruction {st.name} takes {len(definition.inputs)} inputs and "
+                          f"{len(definition.outputs)} outputs")
+        for name, want in zip(st.inputs, definition.inputs):
+            if self.types[name] != want:
+                raise IRError(f"instruction {st.name} takes {want}, not {self.types[name]} "
+                              f"{name}")
+        results = definition.meaning(*(self.values[n] for n in st.inputs))
+        for name, t, value in zip(st.outputs, definition.outputs, results):
+            self.types[name] = t
+            shape = () if t.lanes == 1 else (t.lanes,)
+            self.set(name, np.asarray(value).astype(t.dtype.numpy).reshape(shape))
 
     def set(self, name: str, value: np.ndarray) -> None:
         self.values[name] = value
