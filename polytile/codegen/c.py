@@ -19,10 +19,11 @@ Calling convention of the generated function (`CSource.symbol`):
   released on every path.
 * The function may be called from several threads at once; the only state it
   keeps between calls is the memory of its temporaries (below). Compile it without
-  `-ffast-math` (NaN handling relies on IEEE comparisons); with `-fopenmp`, blocks
-  tagged "parallel" run in parallel.
+  `-ffast-math` (NaN handling relies on IEEE comparisons); with `-fopenmp`, parallel
+  loops run in threads.
 
-Memory of local buffers (temporaries):
+Memory of local buffers (temporaries), as the lowering places them
+(`polytile.loops.lower`):
 
 * Up to `COptions.stack_bytes` a local lives on the stack.
 * A larger local of the top-level block is allocated once and kept: each has a

@@ -48,7 +48,6 @@ typedef float pt_vf_u __attribute__((vector_size({nbytes}), aligned(4)));
 static inline pt_vf pt_vsel(pt_vi m, pt_vf a, pt_vf b) {{
   return (pt_vf)(((pt_vi)a & m) | ((pt_vi)b & ~m));
 }}
-static inline int64_t pt_imin(int64_t a, int64_t b) {{ return a < b ? a : b; }}
 static inline pt_vf pt_vsplat(float x) {{ return (pt_vf){{{splat}}}; }}
 static inline pt_vi pt_viota(void) {{
   pt_vi v;
