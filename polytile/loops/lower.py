@@ -301,10 +301,12 @@ class Lowering:
         return scope.views[name]
 
     def address(self, view: View, st: Load, value: Callable[[str], tuple[str, dtypes.DType]],
-                out: list[L.Stmt]) -> Affine:
+                out: list[L.Stmt], checked: dict | None = None) -> Affine:
         """The flat offset `st` reads: the view's origin, its checked data-dependent
         subscripts and its pointer increment. `value(name)` gives a scalar's loop IR name
-        and dtype."""
+        and dtype; `checked` remembers subscripts already checked in `out` (unrolled
+        copies of one load check once)."""
+        checked = {} if checked is None else checked
         if st.dynamic and len(st.dynamic) != len(view.dims):
             raise IRError(f"load from {st.ref!r} has {len(st.dynamic)} subscripts for "
                           f"{len(view.dims)} dimensions")
@@ -313,10 +315,12 @@ class Lowering:
             if name is None:
                 continue
             src, dt = value(name)
-            var = self.fresh("d")
-            out.append(L.Let(var, INT64, L.Op("cast", (src,), dtypes.INT64)))
-            out.append(L.Check(var, view.dims[d].size, view.param, d))
-            address = address + Affine.index(var).scale(view.dims[d].stride)
+            key = (src, view.dims[d].size, view.param, d)
+            if key not in checked:
+                checked[key] = self.fresh("d")
+                out.append(L.Let(checked[key], INT64, L.Op("cast", (src,), dtypes.INT64)))
+                out.append(L.Check(checked[key], view.dims[d].size, view.param, d))
+            address = address + Affine.index(checked[key]).scale(view.dims[d].stride)
         if st.offset is not None:       # a pointer increment: in the view by construction
             src, dt = value(st.offset)
             address = address + Affine.index(self.convert(src, dt, dtypes.INT64, "d", out))

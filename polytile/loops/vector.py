@@ -393,7 +393,7 @@ class _Emitter:
             value, _ = self.value(name, at, combo, 0, n, memo, out)
             return value, self.dtypes[value]
 
-        address = self.low.address(view, st, operand, out)
+        address = self.low.address(view, st, operand, out, memo.setdefault("checked", {}))
         if self.p.vector in self.deps[st.into]:
             var = self.low.fresh("v")
             count = None if n == self.p.lanes else _count(n)

@@ -11,6 +11,7 @@ running it needs the hardware.
 from __future__ import annotations
 
 import json
+import os
 import platform
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
@@ -47,9 +48,11 @@ class Target:
 
     @property
     def identity(self) -> str:
-        """Name plus the optional features the host has: part of every cache key."""
+        """Name, the features in use and the cache sizes: part of every cache key (the
+        sizes come from the host when it tells them, and the tiles follow them)."""
         used = sorted(self.features & (set(self.optional) | set(self.requires)))
-        return f"{self.name}[{','.join(used)}]"
+        caches = ",".join(f"{level}={size // 1024}K" for level, size in self.cache_bytes)
+        return f"{self.name}[{','.join(used)}]({caches})"
 
 
 def _freeze(value: Any) -> Any:
@@ -89,6 +92,40 @@ def host_features() -> frozenset[str]:
     except OSError:
         pass
     return frozenset()
+
+
+_CACHE_DIR = "/sys/devices/system/cpu/cpu0/cache"
+
+
+@lru_cache(maxsize=1)
+def host_caches() -> dict[str, int]:
+    """Sizes in bytes of this machine's data caches by level ("L1", "L2", "L3"), as Linux
+    reports them for the first CPU; empty where it does not."""
+    caches: dict[str, int] = {}
+    try:
+        for entry in sorted(os.listdir(_CACHE_DIR)):
+            if not entry.startswith("index"):
+                continue
+            def read(name: str, entry: str = entry) -> str:
+                with open(os.path.join(_CACHE_DIR, entry, name), encoding="utf-8") as f:
+                    return f.read().strip()
+            if read("type") == "Instruction":
+                continue
+            size = read("size")
+            scale = {"K": 1024, "M": 1 << 20}.get(size[-1:], 1)
+            caches[f"L{int(read('level'))}"] = int(size.rstrip("KM")) * scale
+    except (OSError, ValueError):
+        return {}
+    return caches
+
+
+def with_host_caches(target: Target, caches: dict[str, int] | None = None) -> Target:
+    """`target` with the cache sizes this machine reports in place of the file's (the
+    file's stand where the host tells nothing)."""
+    caches = host_caches() if caches is None else caches
+    merged = dict(target.cache_bytes)
+    merged.update({level: size for level, size in caches.items() if level in merged})
+    return replace(target, cache_bytes=tuple(sorted(merged.items())))
 
 
 def supports(target: Target, features: frozenset[str]) -> bool:
@@ -136,9 +173,9 @@ def select_target(requested: str | None = None,
             raise ArgumentError(f"target {name} needs {', '.join(missing)}, which this machine "
                                 "lacks", hint="use cpu-generic or unset POLYTILE_TARGET; "
                                 "`polytile show --target` prints its code on any host")
-        return replace(target, features=features)
+        return with_host_caches(replace(target, features=features))
     for candidate in PREFERENCE:
         target = load_target(candidate)
         if supports(target, features):
-            return replace(target, features=features)
-    return replace(load_target("cpu-generic"), features=features)
+            return with_host_caches(replace(target, features=features))
+    return with_host_caches(replace(load_target("cpu-generic"), features=features))

@@ -41,7 +41,7 @@ def test_running_a_target_the_host_lacks_is_refused(avx2_host: None) -> None:
         T.select_target("cpu-avx512")
 
 
-@pytest.mark.parametrize("stage", ["ir", "c"])
+@pytest.mark.parametrize("stage", ["ir", "loops", "c"])
 def test_show_prints_avx512_code_on_an_avx2_host(avx2_host: None, stage: str, tmp_path: Path,
                                                  monkeypatch: pytest.MonkeyPatch,
                                                  capsys: pytest.CaptureFixture) -> None:
@@ -53,12 +53,14 @@ def test_show_prints_avx512_code_on_an_avx2_host(avx2_host: None, stage: str, tm
     out, err = capsys.readouterr()
     assert "this host lacks avx512f" in err and "cannot run here" in err
     # 512-bit float32 vectors, chosen for cpu-avx512
-    assert ("float32, 16)" if stage == "ir" else "vector_size(64)") in out
+    wide = {"ir": "float32, 16)", "loops": "float32x16", "c": "vector_size(64)"}
+    narrow = {"ir": "float32, 4)", "loops": "float32x4", "c": "vector_size(16)"}
+    assert wide[stage] in out
     assert cli.main(["show", str(source), "--stage", stage, "--sizes", "M=48,K=40,N=56",
                      "--target", "cpu-generic"]) == 0
     out, err = capsys.readouterr()
     assert err == ""
-    assert ("float32, 4)" if stage == "ir" else "vector_size(16)") in out    # 128-bit
+    assert narrow[stage] in out    # 128-bit
 
 
 def test_inspection_target_on_a_host_that_runs_it_uses_the_host_features() -> None:

@@ -1,0 +1,100 @@
+"""A/B of one kernel as two checkouts of polytile generate it, timed in one process.
+
+    python benchmarks/kernel_ab.py tests/paper/tmm.tc --sizes M=1024,K=1024,N=1024 \
+        --before /path/to/old/checkout --after . [--target cpu-avx512] [--rounds 40]
+
+Each checkout prints the kernel's C (`polytile show --stage c`, with the host's caches and
+cores as a call would use them); both are built with the target's flags and called
+alternately on the same random inputs, so machine noise (another process, the clock)
+hits both alike, which separate `polytile bench` runs on a shared host do not. Prints the
+median and minimum per side and whether the outputs agree. Float32 inputs and outputs
+only; the first function of the file.
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import polytile as pt  # noqa: E402
+from polytile.backends import backend_named  # noqa: E402
+from polytile.config import load_config  # noqa: E402
+from polytile.runtime.build import build_shared_object  # noqa: E402
+from polytile.runtime.kernel import SYMBOL  # noqa: E402
+from polytile.runtime.toolchain import detect_toolchain  # noqa: E402
+from polytile.sema.specialize import specialize  # noqa: E402
+from polytile.targets.target import select_target  # noqa: E402
+
+
+def kernel_c(checkout: Path, tc: Path, sizes: str, target: str | None) -> str:
+    command = [sys.executable, "-m", "polytile", "show", str(tc), "--stage", "c",
+               "--sizes", sizes] + (["--target", target] if target else [])
+    env = {**os.environ, "PYTHONPATH": str(checkout)}
+    return subprocess.run(command, env=env, cwd=checkout, check=True, capture_output=True,
+                          text=True).stdout
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("tc", type=Path)
+    parser.add_argument("--sizes", required=True)
+    parser.add_argument("--before", type=Path, required=True)
+    parser.add_argument("--after", type=Path, required=True)
+    parser.add_argument("--target")
+    parser.add_argument("--rounds", type=int, default=40)
+    args = parser.parse_args()
+
+    module = pt.define(args.tc.read_text(), backend="interp")
+    fn = next(iter(module.functions.values())).fn
+    sizes = {k: int(v) for k, v in (p.split("=") for p in args.sizes.split(","))}
+    spec = specialize(fn, {t.name: tuple(sizes[d] for d in t.dims) for t in fn.params}, {})
+    shapes = [spec.shape(t.name) for t in fn.params + fn.outputs]
+    rng = np.random.default_rng(0)
+    inputs = [rng.standard_normal(s).astype(np.float32) for s in shapes[:len(fn.params)]]
+
+    config = load_config()
+    target = select_target(args.target or config.target)
+    toolchain = detect_toolchain(config)
+    flags = backend_named(target.backend).flags(target, toolchain, ())
+    kernels, outputs = {}, {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for side, checkout in (("before", args.before), ("after", args.after)):
+            source = kernel_c(checkout.resolve(), args.tc.resolve(), args.sizes, args.target)
+            so = Path(tmp, f"{side}.so")
+            build_shared_object(source.replace("int32_t polytile_kernel(",
+                                               f"int32_t {SYMBOL}("), flags, toolchain, so)
+            kernels[side] = getattr(ctypes.CDLL(str(so)), SYMBOL)
+            outputs[side] = [np.zeros(s, np.float32) for s in shapes[len(fn.params):]]
+        err = (ctypes.c_int64 * 4)()
+        times: dict[str, list[float]] = {side: [] for side in kernels}
+        for _ in range(args.rounds):
+            for side, kernel in kernels.items():
+                arrays = inputs + outputs[side]
+                pointers = (ctypes.c_void_p * len(arrays))(*[a.ctypes.data for a in arrays])
+                start = time.perf_counter()
+                status = kernel(pointers, err)
+                times[side].append(time.perf_counter() - start)
+                if status != 0:
+                    raise SystemExit(f"{side}: the kernel failed with code {status}")
+    for side, t in times.items():
+        print(f"{side}: median {statistics.median(t) * 1e3:.3f} ms, min {min(t) * 1e3:.3f} ms "
+              f"({args.rounds} calls)")
+    same = all(np.allclose(a, b, rtol=1e-4, atol=1e-4)
+               for a, b in zip(outputs["before"], outputs["after"]))
+    print(f"outputs agree: {same}")
+    return 0 if same else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
