@@ -7,14 +7,15 @@ Each checkout prints the kernel's C (`polytile show --stage c`, with the host's 
 cores as a call would use them); both are built with the target's flags and called
 alternately on the same random inputs, so machine noise (another process, the clock)
 hits both alike, which separate `polytile bench` runs on a shared host do not. Prints the
-median and minimum per side and whether the outputs agree. Float32 inputs and outputs
-only; the first function of the file.
+median and minimum per side and whether the outputs agree. Float32 outputs; integer
+inputs (gather indices) are drawn in [0, --int-high); the first function of the file.
 """
 from __future__ import annotations
 
 import argparse
 import ctypes
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -53,15 +54,22 @@ def main() -> int:
     parser.add_argument("--after", type=Path, required=True)
     parser.add_argument("--target")
     parser.add_argument("--rounds", type=int, default=40)
+    parser.add_argument("--int-high", type=int, default=1)
     args = parser.parse_args()
 
-    module = pt.define(args.tc.read_text(), backend="interp")
-    fn = next(iter(module.functions.values())).fn
+    source = args.tc.read_text()
+    name = re.search(r"def\s+(\w+)\s*\(", source)
+    if name is None:
+        raise SystemExit(f"{args.tc} defines no function")
+    fn = pt.define(source, backend="interp")[name.group(1)].fn
     sizes = {k: int(v) for k, v in (p.split("=") for p in args.sizes.split(","))}
-    spec = specialize(fn, {t.name: tuple(sizes[d] for d in t.dims) for t in fn.params}, {})
+    spec = specialize(fn, {t.name: tuple(d.evaluate(sizes) for d in t.shape)
+                           for t in fn.params}, {})
     shapes = [spec.shape(t.name) for t in fn.params + fn.outputs]
     rng = np.random.default_rng(0)
-    inputs = [rng.standard_normal(s).astype(np.float32) for s in shapes[:len(fn.params)]]
+    inputs = [rng.integers(0, args.int_high, s).astype(t.dtype.numpy) if t.dtype.is_integral
+              else rng.standard_normal(s).astype(t.dtype.numpy)
+              for t, s in zip(fn.params, shapes)]
 
     config = load_config()
     target = select_target(args.target or config.target)

@@ -79,13 +79,32 @@ def _unit_stride(ref: N.Refinement, index: str) -> bool:
     return c == 1 and ref.shape.dims[d].stride == 1
 
 
+def _gathers(block: N.Block) -> dict[tuple[str, int], set[str]]:
+    """(view, dimension) read through a data-dependent subscript -> the indices that
+    subscript depends on."""
+    deps = scalar_indices(block)
+    gathered: dict[tuple[str, int], set[str]] = {}
+    for s in block.stmts:
+        if isinstance(s, N.Load):
+            for d, name in enumerate(s.dynamic):
+                if name is not None:
+                    gathered.setdefault((s.ref, d), set()).update(deps[name])
+    return gathered
+
+
 def _footprint(block: N.Block, tile: dict[str, int], line: int) -> tuple[int, int]:
-    """(bytes, cache lines) of all views over one tile."""
+    """(bytes, cache lines) of all views over one tile. A gathered dimension holds one
+    element per value of the indices its subscript depends on, not the whole view."""
     total_bytes = total_lines = 0
+    gathered = _gathers(block)
     for ref in block.refs:
         elem = max(1, ref.shape.dtype.bits // 8)
         extents = []
-        for a, dim in zip(ref.access, ref.shape.dims):
+        for d, (a, dim) in enumerate(zip(ref.access, ref.shape.dims)):
+            if (ref.into, d) in gathered:
+                extents.append(min(dim.size, math.prod(tile.get(n, 1)
+                                                        for n in gathered[ref.into, d])))
+                continue
             extents.append(dim.size + sum(abs(c) * (tile.get(n, 1) - 1) for n, c in a.terms))
         if not extents:
             total_bytes += elem

@@ -1,6 +1,6 @@
-"""How autotile spreads a kernel over threads: the threaded tile loop splits evenly
-among the cores, kernels that run on one thread are tiled for one, and a gather
-counts as more work than an affine load."""
+"""How autotile spreads a kernel over threads and caches: the threaded tile loop splits
+evenly among the cores, a gather counts as more work than an affine load, and a gathered
+view's footprint is the rows its subscripts reach, not the whole table."""
 from __future__ import annotations
 
 import math
@@ -8,7 +8,8 @@ import math
 import pytest
 
 from polytile.passes import autotile as autotile_module
-from polytile.passes.autotile import PARALLEL_MIN_WORK, _imbalance, choose_schedule, work
+from polytile.passes.autotile import (PARALLEL_MIN_WORK, _footprint, _imbalance, choose_schedule,
+                                      work)
 
 from .helpers import block, lowered, target
 
@@ -48,3 +49,13 @@ def test_a_gather_counts_as_more_work() -> None:
     iterations = math.prod(i.range for i in kernel.idxs)
     assert iterations < PARALLEL_MIN_WORK <= work(kernel)
     assert choose_schedule(kernel, target("cpu-avx512")).parallel
+
+
+def test_a_gathered_view_counts_the_rows_its_subscripts_reach() -> None:
+    kernel = block(lowered(LUT, {"LUT": (1_000_000, 64), "I": (128, 50)}), "s0")
+    tile = {"i": 12, "j": 64, "k": 50}
+    size, _ = _footprint(kernel, tile, 64)
+    rows = 12 * 50 * 64 * 4                              # one LUT row per (i, k)
+    assert rows < size < rows + 2 * 12 * 64 * 4 + 12 * 50 * 4 + 4096
+    schedule = choose_schedule(kernel, target("cpu-avx512"))
+    assert "j" not in dict(schedule.tiles)               # rows are not cut in halves
