@@ -34,9 +34,12 @@ from polytile.passes.schedule import (Schedule, _is_parallel, apply_schedule, ch
 from polytile.targets.target import Target
 
 VECTOR_DTYPES = ("float32", "float64", "int32", "int64")
-PARALLEL_MIN_WORK = 1 << 20      # work (below) under which a kernel runs on one thread:
+PARALLEL_MIN_WORK = 1 << 15      # work (below) under which a kernel runs on one thread:
 # waking OpenMP workers costs microseconds on an idle machine and up to a scheduler
-# time slice on a busy one, so small kernels stay serial.
+# time slice on a busy one, so small kernels stay serial. Measured on the AMD EPYC host
+# (benchmarks/kernel_ab.py, 5 ms between calls so the workers sleep): bias-GELU of 7k
+# elements broke even on two threads (3 us), 21k ran 10 -> 6 us, 70k 34 -> 18 us; the old
+# threshold of 1M left softmax 256x700 at 62 us on one thread (32 us on two).
 GATHER_WEIGHT = 8                 # a data-dependent load costs a cache miss, not a cycle:
 # 2LUT (128 bags of 50 rows of 64 floats, 410k iterations) took 0.18 ms on one thread and
 # 0.094 ms on two (AMD EPYC host, polytile bench --only 2LUT).

@@ -45,7 +45,7 @@ def test_the_threaded_tiles_split_evenly(m: int) -> None:
 
 
 def test_a_gather_counts_as_more_work() -> None:
-    kernel = block(lowered(LUT, {"LUT": (1000, 64), "I": (128, 50)}), "s0")
+    kernel = block(lowered(LUT, {"LUT": (1000, 64), "I": (16, 20)}), "s0")
     iterations = math.prod(i.range for i in kernel.idxs)
     assert iterations < PARALLEL_MIN_WORK <= work(kernel)
     assert choose_schedule(kernel, target("cpu-avx512")).parallel
