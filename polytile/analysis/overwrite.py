@@ -1,28 +1,32 @@
-"""Which top-level local buffers are completely written before anything reads them.
+"""Which top-level buffers are completely written before anything reads them.
 
 A local buffer starts as NaN (floats) or 0 (other types), so that a read before any
-write shows, as in the interpreter (`polytile.ir.interp`). Making that so costs a pass
-over the buffer per call; the code generator skips it for the locals found here:
+write shows, as in the interpreter (`polytile.ir.interp`), and an output the caller does
+not pass starts as zeros. Making that so costs a pass over the buffer per call; the code
+generator skips it for the locals found here, and the call allocates such outputs
+without clearing them:
 
     block main (
       in X[0] float32(64:1)
       none T[0] float32(64:1)
     ) {
-      block init [i:64] (               <- the first statement that touches T: it writes
-        out T <- T[i] float32(1:1)         all of T with `assign` and reads none of it,
-      ) { ... T = store($z) }              so no element of T can be read before a write
-      block acc [i:64, k:8] (
-        out T <- T[i] float32(1:1):add     (a first writer like this one would read T)
-        ...
+      block fused [i:64] (                <- the first statement that touches T; in each
+        out T <- T[i] float32(1:1)           of its iterations,
+      ) {
+        block init (                      <- its first toucher writes T[i] with `assign`
+          out T <- T[0] float32(1:1)         and reads none of it, and
+        ) { ... T = store($z) }
+        block acc [k:8] (                 <- what the later statements touch was written
+          out T <- T[0] float32(1:1):add     by it
+        ) { ... }
 
-The first top-level statement that touches the local must be a block that
+A buffer needs no fill when
 
-* reads nothing of it: no `in|inout` view of it, load from it or special with it as an
-  input anywhere inside;
-* writes it only through `assign` views (another aggregation combines with what the
-  buffer held); and
-* writes every element of it, by its exact write footprint (isl), for every iteration
-  of the top-level block.
+* the first touch of every element, in every execution of every block, is a write with
+  `assign`: recursively, a block either reaches the buffer only by such writes, or the
+  first of its statements that touches the buffer has this property and, in the same
+  iteration, writes everything that the later statements touch (exact footprints, isl);
+* and the top-level block writes every element of it.
 
 Anything else keeps the fill: the answer is conservative. The IR is assumed verified
 (`polytile.ir.verify`), so views keep their parent's strides and lie inside it, and
@@ -30,42 +34,60 @@ every read lies inside the buffer's dimensions.
 """
 from __future__ import annotations
 
-import islpy as isl
+from dataclasses import replace
 
 from polytile.ir.nodes import Block, Load, Special, Statement, Store
-from polytile.ir.polyhedra import WRITE, Conj, Scope, between, parent_footprint, to_set
+from polytile.ir.polyhedra import (READ, WRITE, Conj, Scope, between, element_vars, footprint,
+                                   to_set)
 
 
-def overwritten_first(body: Block) -> frozenset[str]:
-    """The local buffers (direction "none") of the top-level block `body` whose first
-    toucher writes all of them without reading them: they need no initial fill."""
-    locals_ = [r.into for r in body.refs if not r.from_ and r.dir == "none"]
-    return frozenset(name for name in locals_ if _overwritten_first(body, name))
+def overwritten_first(body: Block, dirs: tuple[str, ...] = ("none",)) -> frozenset[str]:
+    """The top-level buffers of `body` with a direction in `dirs` (locals are "none",
+    outputs "out" or "inout") whose every element is first touched by a write with `assign`."""
+    names = [r.into for r in body.refs if not r.from_ and r.dir in dirs]
+    return frozenset(name for name in names if _overwritten_first(body, name))
 
 
 def _overwritten_first(body: Block, name: str) -> bool:
-    first = next((st for st in body.stmts if _touches(st, name)), None)
-    if not isinstance(first, Block):
-        return False
-    views = [r for r in first.refs if r.from_ == name]
-    if not _writes_only(first, {r.into for r in views}):
-        return False
     root = Scope.root(body)
-    scope = root.child(first)
-    written: list[Conj] = []
-    coords: tuple[str, ...] = ()
-    for ref in views:
-        coords, pieces = parent_footprint(scope, ref.into, WRITE)
-        written += pieces
-    if not written:
+    if not _written_first(root, name):
         return False
     dims = body.ref(name).shape.dims
-    box = Conj(ineqs=tuple(ineq for x, d in zip(coords, dims)
-                           for ineq in between(x, 0, d.size - 1)))
-    covered = to_set(scope.variables + coords, [tuple(written)])
-    covered = covered.project_out(isl.dim_type.set, len(root.variables), len(scope.own))
-    needed = to_set(root.variables + coords, [(root.domain & box,)])
-    return bool(needed.is_subset(covered))
+    elems = element_vars(0, len(dims))
+    box = Conj(ineqs=tuple(ineq for e, d in zip(elems, dims) for ineq in between(e, 0, d.size - 1)))
+    written = footprint(root, name, WRITE)
+    return bool(to_set(elems, [(box,)]).is_subset(to_set(elems, [written])))
+
+
+def _written_first(scope: Scope, view: str) -> bool:
+    """Whether, in every execution of scope's block, the first touch of each element of
+    `view` that the block touches is a write with `assign`."""
+    block = scope.block
+    if _writes_only(block, {view}):
+        return True
+    k = next((k for k, st in enumerate(block.stmts) if _touches(st, view)), None)
+    if k is None:
+        return True
+    first = block.stmts[k]
+    if isinstance(first, Block):
+        child = scope.child(first)
+        if not all(_written_first(child, r.into) for r in first.refs if r.from_ == view):
+            return False
+    else:
+        ref = block.ref(view)
+        if not (isinstance(first, Store) and ref.dir == "out" and ref.agg == "assign"):
+            return False
+    head, rest = _part(scope, block.stmts[k:k + 1]), _part(scope, block.stmts[k + 1:])
+    free = scope.variables + element_vars(scope.depth, len(block.ref(view).shape.dims))
+    later = footprint(rest, view, READ) + footprint(rest, view, WRITE)
+    if not later:
+        return True
+    return bool(to_set(free, [later]).is_subset(to_set(free, [footprint(head, view, WRITE)])))
+
+
+def _part(scope: Scope, stmts: tuple[Statement, ...]) -> Scope:
+    """`scope` with only some of its block's statements."""
+    return replace(scope, block=replace(scope.block, stmts=tuple(stmts)))
 
 
 def _touches(st: Statement, name: str) -> bool:

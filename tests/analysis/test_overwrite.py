@@ -1,5 +1,5 @@
-"""overwritten_first: a local needs no NaN fill only when its first toucher writes all of
-it with `assign` and reads none of it."""
+"""overwritten_first: a buffer needs no fill only when the first touch of every element is a
+write with `assign`, and every element is written."""
 from __future__ import annotations
 
 from polytile.analysis.overwrite import overwritten_first
@@ -105,6 +105,24 @@ def test_read_in_the_first_toucher_needs_the_fill() -> None:
       in X <- X[i, 0] float32(1:4, 1:1)
       out T <- T[i] float32(1:1)
     ) {
+      block peek [j:1] (
+        in T <- T[0] float32(1:1)
+      ) {
+        $t = load(T)
+      }
+      $x = load(X)
+      T = store($x)
+    }"""
+    assert analyse(init) == frozenset()
+
+
+def test_a_read_after_the_write_in_the_same_iteration_needs_no_fill() -> None:
+    # Each iteration stores T[i] and then reads it back: the first touch is the store.
+    init = """\
+    block init [i:6] (
+      in X <- X[i, 0] float32(1:4, 1:1)
+      out T <- T[i] float32(1:1)
+    ) {
       $x = load(X)
       T = store($x)
       block peek [j:1] (
@@ -113,7 +131,7 @@ def test_read_in_the_first_toucher_needs_the_fill() -> None:
         $t = load(T)
       }
     }"""
-    assert analyse(init) == frozenset()
+    assert analyse(init) == {"T"}
 
 
 def test_write_after_a_read_needs_the_fill() -> None:
@@ -149,3 +167,63 @@ def test_zero_special_in_a_block_counts_as_a_full_write() -> None:
       special zero() -> (T)
     }"""
     assert analyse(init) == {"T"}
+
+
+# The shape of a fused contraction: per row, an init block writes T[i], then an
+# accumulation adds into it; then Y is copied out.
+FUSED = """\
+function rows(X, Y) {{
+  block main (
+    in X[0, 0] float32(6:4, 4:1)
+    out Y[0] float32(6:1)
+    none T[0] float32(6:1)
+  ) {{
+    block fused [r:6] (
+      in X <- X[r, 0] float32(1:4, 4:1)
+      out T <- T[r] float32(1:1)
+    ) {{
+      block init [j:1, q = r] (
+{cond}
+        out T <- T[0] float32(1:1)
+      ) {{
+        $z = const(0.0, float32)
+        T = store($z)
+      }}
+      block acc [k:4] (
+        in X <- X[0, k] float32(1:4, 1:1)
+        out T <- T[0] float32(1:1):add
+      ) {{
+        $x = load(X)
+        T = store($x)
+      }}
+    }}
+    block copy [i:6] (
+      in T <- T[i] float32(1:1)
+      out Y <- Y[i] float32(1:1)
+    ) {{
+      $t = load(T)
+      Y = store($t)
+    }}
+  }}
+}}
+"""
+
+
+def fused(dirs: tuple[str, ...], cond: str = "") -> frozenset[str]:
+    fn = parse_function(FUSED.format(cond=cond))
+    verify(fn)
+    return overwritten_first(fn.body, dirs)
+
+
+def test_a_fused_init_then_accumulate_needs_no_fill() -> None:
+    assert fused(("none",)) == {"T"}
+
+
+def test_an_init_that_skips_a_row_needs_the_fill() -> None:
+    # The last row is accumulated into without a write first.
+    assert fused(("none",), cond="        -q + 4 >= 0") == frozenset()
+
+
+def test_outputs_are_found_with_their_direction() -> None:
+    assert fused(("out",)) == {"Y"}
+    assert fused(("none", "out")) == {"T", "Y"}

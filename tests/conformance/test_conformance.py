@@ -109,3 +109,30 @@ def test_sizes_include_one_and_primes() -> None:
                 if isinstance(a, np.ndarray):
                     seen.update(a.shape)
     assert {1, 2, 3, 5, 7, 11, 13} <= seen
+
+
+def test_outputs_allocated_without_clearing_are_written_in_full(monkeypatch) -> None:
+    """The fast path allocates outputs with np.empty where the kernel writes every element
+    before reading it (analysis/overwrite.py); fill those with garbage and every program
+    must still agree, and some must have taken that path."""
+    import polytile.compile as compile_module
+
+    poisoned: list[tuple[int, ...]] = []
+
+    def garbage(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+        poisoned.append(shape)
+        out = np.empty(shape, dtype)
+        out.reshape(-1).view(np.uint8)[...] = 0xA5     # far from any answer
+        if out.dtype.kind == "f":
+            out[...] = np.nan
+        return out
+
+    monkeypatch.setattr(compile_module, "_uncleared", garbage)
+    _MODULES.clear()
+    try:
+        for case in CASES:
+            run_case(case, "c", 4)      # compiles, on the checked path
+            run_case(case, "c", 4)      # the same shapes again: the fast path
+    finally:
+        _MODULES.clear()
+    assert len(poisoned) >= len(CASES) // 2
