@@ -301,6 +301,8 @@ class _Printer:
             return self.alloc(st, fail)
         if isinstance(st, L.Instruction):
             return self.instruction(st)
+        if isinstance(st, L.Prefetch):
+            return [f"__builtin_prefetch(&{self.element(st.buffer, st.offset)});"]
         raise UnsupportedError(f"the C backend cannot print {type(st).__name__} nodes",
                                hint="barriers are for GPU backends")
 

@@ -223,7 +223,10 @@ class BlockSchedule:
     * parallel: the index whose loop runs in threads (OpenMP); its iterations write
       disjoint elements (the pass that sets it proves that with isl);
     * simd: the innermost loop runs as `omp simd`;
-    * gpu: indices mapped to a GPU's grid or threads of a block (GPU_KINDS).
+    * gpu: indices mapped to a GPU's grid or threads of a block (GPU_KINDS);
+    * prefetch: a vector micro-kernel's data-dependent (gathered) loads are prefetched
+      this many iterations of its innermost reduction loop ahead (0: not at all): the
+      rows a gather reads are scattered, so no hardware prefetcher sees them coming.
     """
 
     micro: bool = False
@@ -235,6 +238,7 @@ class BlockSchedule:
     parallel: str | None = None
     simd: bool = False
     gpu: tuple[tuple[str, str], ...] = ()
+    prefetch: int = 0
 
 
 @dataclass(frozen=True)

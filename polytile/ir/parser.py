@@ -208,11 +208,11 @@ class _Parser(TokenCursor[_Token]):
             fields[word] = True
             return
         if word not in ("parallel", "vector", "unroll", "order", "transpose", "boundary",
-                        *GPU_KINDS):
+                        "prefetch", *GPU_KINDS):
             raise IRError(f"unknown schedule item {word!r}", item.loc,
                           "items: micro, vector(i, dtype, lanes), boundary(remainders|guarded), "
                           "unroll(i, ...), order(i, ...), transpose(width), parallel(i), simd, "
-                          "grid(i), thread(i)")
+                          "grid(i), thread(i), prefetch(distance)")
         self.expect("(")
         if word in ("unroll", "order"):
             fields[word] = self.listed(")", lambda: self.name("an index"))
@@ -227,6 +227,8 @@ class _Parser(TokenCursor[_Token]):
             fields["vector"] = VectorLoop(index, dtype, self.integer("the lanes"))
         elif word == "transpose":
             fields["transpose"] = self.integer("the panel width")
+        elif word == "prefetch":
+            fields["prefetch"] = self.integer("the prefetch distance")
         elif word == "boundary":
             fields["boundary"] = self.name("remainders or guarded")
         else:

@@ -23,7 +23,7 @@ One construct per line, two spaces of indentation per nesting level:
 A block header lists its indices (`i:10` iterates, `i = 4*i1 + 2` is passed in
 from the parent with range 1), its tags, its schedule when it has one
 (`schedule(micro, vector(j, float32, 16), unroll(i), order(k), transpose(16), parallel(i), simd,
-grid(i), thread(j))`, see `BlockSchedule`), then, inside `( )`, its constraints
+grid(i), thread(j), prefetch(8))`, see `BlockSchedule`), then, inside `( )`, its constraints
 (`expr >= 0`) and its refinements:
 `dir name <- parent[access] dtype(size:stride, ...)[:agg][ @location]`
 (top-level buffers and local allocations have no `<- parent`). A load with
@@ -146,6 +146,7 @@ def format_schedule(s: BlockSchedule) -> str:
     items += [f"parallel({s.parallel})"] if s.parallel else []
     items += ["simd"] if s.simd else []
     items += [f"{kind}({index})" for index, kind in s.gpu]
+    items += [f"prefetch({s.prefetch})"] if s.prefetch else []
     return f"schedule({', '.join(items)})"
 
 

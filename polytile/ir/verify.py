@@ -141,6 +141,11 @@ def _check_schedule(block: Block, path: str, target: Target | None) -> None:
                                    or not block.constraints):
         raise _fail(path, f"boundary({s.boundary}) needs one of {', '.join(BOUNDARY_KINDS)}, "
                           "a vector index and constraints")
+    if s.prefetch < 0 or (s.prefetch and (not s.micro or s.vector is None or not any(
+            isinstance(st, Load) and any(d is not None for d in st.dynamic)
+            for st in block.stmts))):
+        raise _fail(path, f"prefetch({s.prefetch}) needs a positive distance, a vector "
+                          "micro-kernel and a data-dependent load in it")
     if s.vector is not None:
         _check_vector(block, s.vector, path, target)
     if s.parallel and not polyhedra.writes_disjoint(block, s.parallel):

@@ -143,7 +143,7 @@ class _Machine:
                 del self.memory[b.name]
         elif isinstance(st, L.Instruction):
             self.instruction(st)
-        elif not isinstance(st, L.Comment):
+        elif not isinstance(st, (L.Comment, L.Prefetch)):
             raise UnsupportedError(f"the loop IR interpreter cannot run {type(st).__name__} "
                                    "nodes yet (GPU barriers: issue 15)")
 

@@ -24,6 +24,8 @@ Semantics (the interpreter, polytile.loops.interp, is the reference):
 * `Alloc(buffers, body)`: local buffers that exist while `body` runs, each filled per
   its `init` ("nan": a quiet NaN, floats only; "zero"; "": unspecified, because the body
   writes every element before reading it).
+* `Prefetch(buffer, offset)`: a hint that the element (inside the buffer) will be read
+  soon; no effect on any value (the interpreter skips it).
 * `Instruction` and `Barrier` are for tensorized instructions (UNIT, issue 14) and GPU
   backends (issue 15); the C printer and the interpreter refuse them until those give
   them meaning.
@@ -240,6 +242,12 @@ class Comment:
 
 
 @dataclass(frozen=True)
+class Prefetch:
+    buffer: str
+    offset: Affine
+
+
+@dataclass(frozen=True)
 class Barrier:
     space: str = "shared"
 
@@ -251,8 +259,8 @@ class Instruction:
     inputs: tuple[str, ...]
 
 
-Stmt = Union[Let, Var, Assign, Store, Loop, If, Switch, Check, Alloc, Comment, Barrier,
-             Instruction]
+Stmt = Union[Let, Var, Assign, Store, Loop, If, Switch, Check, Alloc, Comment, Prefetch,
+             Barrier, Instruction]
 
 
 @dataclass(frozen=True)

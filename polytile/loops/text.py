@@ -115,6 +115,8 @@ def _stmts(stmts: tuple[L.Stmt, ...], depth: int) -> list[str]:
             out += [f"{pad}local {_buffer(b)}" for b in st.buffers]
             out.append(f"{pad}with {', '.join(b.name for b in st.buffers)}:")
             out += _stmts(st.body, depth + 1)
+        elif isinstance(st, L.Prefetch):
+            out.append(f"{pad}prefetch {_access(st.buffer, st.offset, 1, None)}")
         elif isinstance(st, L.Barrier):
             out.append(f"{pad}barrier {st.space}")
         else:

@@ -40,6 +40,7 @@ from polytile.loops.views import Scope, child_view, fixed_indices, resolve, safe
 if TYPE_CHECKING:
     from polytile.loops.lower import Lowering
 
+LINE_BYTES = 64     # a cache line: the prefetched rows' lines are this far apart
 DOT_CHAINS = 4      # independent accumulator chains a dot-product kernel keeps at least
 IDENTITY = {"add": 0.0, "mul": 1.0, "max": float("-inf"), "min": float("inf")}
 INT64 = L.VType(dtypes.INT64)
@@ -268,7 +269,49 @@ class _Emitter:
                 pre.append(L.Var(acc, p.vtype, L.Lit(IDENTITY[p.agg])))
                 body.append(L.Assign(acc, L.Combine(p.agg, acc, value)))
                 post.append(L.Store(view.ptr, view.offset, acc, p.agg, count))
+        if self.blk.schedule.prefetch and p.red_loops:
+            body = self.prefetches(idx, combos) + body
         return pre + self._red_loops(idx, body) + post
+
+    def prefetches(self, idx: dict[str, Affine], combos: list[dict[str, int]]
+                   ) -> list[L.Stmt]:
+        """Every cache line of the rows that the gathered loads of this tile will read
+        `prefetch` iterations of the innermost reduction loop ahead, while that
+        iteration exists. Its subscripts are checked as the load there will check them,
+        so a bad one fails the kernel as it would a few iterations later."""
+        p, ahead = self.p, self.blk.schedule.prefetch
+        name, rng = p.red_loops[-1]
+        later = dict(idx)
+        later[name] = idx[name] + ahead
+        out: list[L.Stmt] = []
+        memo: dict = {}
+        for combo in combos:
+            at = self._at(later, combo)
+            at[p.vector] = Affine.constant(0)
+            for st in self.blk.stmts:
+                if not (isinstance(st, Load) and any(d is not None for d in st.dynamic)):
+                    continue
+                ref = self.blk.ref(st.ref)
+                view = child_view(ref, self.outer.views[ref.from_], at)
+
+                def operand(name: str) -> tuple[str, dtypes.DType]:
+                    value, _ = self.value(name, at, combo, 0, p.lanes, memo, out)
+                    return value, self.dtypes[value]
+
+                address = self.low.address(view, st, operand, out,
+                                           memo.setdefault("checked", {}))
+                # An element per cache line the row segment spans, the last one included.
+                line = max(1, LINE_BYTES // view.dtype.numpy.itemsize)
+                for e in sorted(set(range(0, p.vec_range, line)) | {p.vec_range - 1}):
+                    out.append(L.Prefetch(view.ptr, address + e))
+        hi = self._hi(name, rng)
+        bound: list[L.Stmt] = []
+        if not isinstance(hi, Affine):
+            var = self.low.fresh("n")
+            bound.append(L.Let(var, INT64, L.IntValue(hi)))
+            hi = Affine.index(var)
+        (var,) = idx[name].names
+        return bound + [L.If((hi - Affine.index(var) - (ahead + 1),), tuple(out))]
 
     def _lanes(self, combo: dict[str, int], base: int, width: int, out: list[L.Stmt]
                ) -> int | str:

@@ -29,6 +29,7 @@ from polytile.targets.target import Target
 MAX_UNROLL = 64           # register tile factor of one index
 MAX_VECTORS = 16          # vectors per register tile along the vector index
 MAX_REGISTER_TILE = 256   # copies of the body in one micro-kernel (unroll product x vectors)
+MAX_PREFETCH = 64         # iterations a gathered row is prefetched ahead
 
 
 @dataclass(frozen=True)
@@ -41,14 +42,16 @@ class Schedule:
     parallel: bool = True                          # run the outer tile loop with OpenMP
     order: tuple[str, ...] = ()                    # cache tile loops, outermost first
                                                    # (indices of `tiles`; () = block order)
+    prefetch: int = 0                              # gathered rows, iterations ahead
 
     def text(self) -> str:
         """Canonical text (cache keys, tuning records)."""
         unroll = ",".join(f"{k}:{v}" for k, v in self.unroll)
         tiles = ",".join(f"{k}:{v}" for k, v in self.tiles)
         order = f" order={','.join(self.order)}" if self.order else ""
+        prefetch = f" prefetch={self.prefetch}" if self.prefetch else ""
         return (f"vec={self.vector}x{self.lanes}x{self.vectors} unroll={unroll} "
-                f"tiles={tiles} parallel={int(self.parallel)}{order}")
+                f"tiles={tiles} parallel={int(self.parallel)}{order}{prefetch}")
 
 
 def full_lanes(block: N.Block, target: Target) -> int:
@@ -89,6 +92,9 @@ def check_schedule_values(schedule: Schedule, widest: int, target: str, where: s
     if copies > MAX_REGISTER_TILE:
         raise ArgumentError(f"{where}: a register tile of {copies} copies of the body is "
                             f"more than {MAX_REGISTER_TILE}", hint="unroll less")
+    if not 0 <= schedule.prefetch <= MAX_PREFETCH:
+        raise ArgumentError(f"{where}: prefetch distance {schedule.prefetch} is outside "
+                            f"0..{MAX_PREFETCH}")
     for name, size in schedule.tiles:
         if size < 1:
             raise ArgumentError(f"{where}: tile size {size} of {name} is not positive")
@@ -113,7 +119,8 @@ def apply_schedule(block: N.Block, schedule: Schedule, parent: N.Block) -> N.Blo
     if schedule.vector is not None:
         leaf = replace(leaf, vector=N.VectorLoop(schedule.vector, _element_type(block),
                                                  schedule.lanes),
-                       unroll=tuple(k for k, _ in schedule.unroll))
+                       unroll=tuple(k for k, _ in schedule.unroll),
+                       prefetch=schedule.prefetch if gathers(block) else 0)
     register = dict(schedule.unroll)
     inner = _at(result, inner_path)
     inner_ranges = {i.name: i.range for i in inner.idxs if i.affine is None}
@@ -137,6 +144,12 @@ def apply_schedule(block: N.Block, schedule: Schedule, parent: N.Block) -> N.Blo
     return result
 
 
+def gathers(block: N.Block) -> bool:
+    """Whether the block reads through a data-dependent subscript (a gather)."""
+    return any(isinstance(s, N.Load) and any(d is not None for d in s.dynamic)
+               for s in block.stmts)
+
+
 def thread_loop(block: N.Block) -> str | None:
     """The index whose loop runs in threads: the outermost loop (in the block's order)
     whose iterations write disjoint elements, proved with isl; None if there is none."""
@@ -154,7 +167,7 @@ def _scheduled(block: N.Block, leaf: N.BlockSchedule) -> N.Block:
     leaf = replace(leaf, transpose=block.schedule.transpose)
     if leaf.vector is not None and why_not_vector(replace(block, schedule=leaf),
                                                   leaf.vector.index) is not None:
-        leaf = replace(leaf, vector=None, unroll=())
+        leaf = replace(leaf, vector=None, unroll=(), prefetch=0)
     leaf = replace(leaf, boundary=boundary_versions(replace(block, schedule=leaf)))
     return replace(block, schedule=leaf)
 

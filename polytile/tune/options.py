@@ -25,7 +25,8 @@ from polytile.passes.schedule import Schedule, check_schedule_values
 from polytile.targets.target import Target
 
 FORMAT = 1
-_SCHEDULE_FIELDS = ("vector", "lanes", "unroll", "vectors", "tiles", "parallel", "order")
+_SCHEDULE_FIELDS = ("vector", "lanes", "unroll", "vectors", "tiles", "parallel", "order",
+                    "prefetch")
 
 
 @dataclass(frozen=True)
@@ -105,7 +106,8 @@ def _schedule_json(s: Schedule) -> dict[str, Any]:
     out = {"vector": s.vector, "lanes": s.lanes, "vectors": s.vectors,
            "unroll": [[k, v] for k, v in s.unroll], "tiles": [[k, v] for k, v in s.tiles],
            "parallel": s.parallel}
-    return {**out, "order": list(s.order)} if s.order else out
+    out = {**out, "order": list(s.order)} if s.order else out
+    return {**out, "prefetch": s.prefetch} if s.prefetch else out
 
 
 def _pairs(block: str, field: str, value: Any) -> tuple[tuple[str, int], ...]:
@@ -136,6 +138,9 @@ def _schedule_from_json(block: str, data: Any) -> Schedule:
     order = data.get("order", [])
     if not isinstance(order, list) or not all(isinstance(n, str) for n in order):
         raise ArgumentError(f"schedule of {block}: order must be a list of index names")
+    prefetch = data.get("prefetch", 0)
+    if not isinstance(prefetch, int) or isinstance(prefetch, bool) or prefetch < 0:
+        raise ArgumentError(f"schedule of {block}: prefetch must be a non-negative integer")
     return Schedule(vector, lanes, _pairs(block, "unroll", data.get("unroll", [])), vectors,
                     _pairs(block, "tiles", data.get("tiles", [])),
-                    bool(data.get("parallel", True)), tuple(order))
+                    bool(data.get("parallel", True)), tuple(order), prefetch)

@@ -17,9 +17,10 @@ A point is one value index per gene, the genetic algorithm's chromosome. The gen
 * `lanes`: vector width, the target's full width or half of it (one for the function:
   the generated C declares one vector type);
 * per kernel block (names are stable: they come from the lowered program):
-  `vector` (which index runs across SIMD lanes, from autotile.vector_candidates),
+  `vector` (which index runs across SIMD lanes, from autotile.typed_vector_candidates),
   `vectors` (vectors per register tile along a parallel vector index),
-  `unroll.<index>` (register tile factor of each parallel index),
+  `unroll.<index>` (register tile factor of each parallel index), `prefetch` (how many
+  lookups ahead a gathering block prefetches its rows, 0 for none),
   `tile.<index>` (cache tile: powers of two and ceil-divisors of the extent, so a
   tile size can avoid a tail tile, TC §6.2 footnote), `order` (loop order of the
   cache tiles: every permutation of up to three loops, else the block's order, each
@@ -50,8 +51,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from polytile.ir import nodes as N
-from polytile.passes.autotile import VECTOR_DTYPES, choose_schedule, vector_candidates
-from polytile.passes.schedule import Schedule, _is_parallel, full_lanes
+from polytile.passes.autotile import choose_schedule, typed_vector_candidates
+from polytile.passes.schedule import Schedule, _is_parallel, full_lanes, gathers
 from polytile.targets.target import Target
 from polytile.tune.options import Options
 
@@ -63,6 +64,7 @@ PIPELINE_CHOICES: dict[str, tuple[Any, ...]] = {
 }
 UNROLL_FACTORS = (1, 2, 3, 4, 5, 6, 8)
 VECTORS = (1, 2, 3, 4)
+PREFETCH_DISTANCES = (0, 4, 8, 16)
 # Full and half vector width (half: 8 lanes on cpu-avx512, 4 on cpu-avx2), which
 # wastes fewer lanes on short rows and boundary tiles.
 LANE_DIVISORS: tuple[int, ...] = (1, 2)
@@ -102,12 +104,7 @@ class KernelBlock:
         return [n for n in self.loops if _is_parallel(self.block, n)]
 
     def vectors(self) -> list[str]:
-        out = next((r for r in self.block.refs if r.dir in ("out", "inout")), None)
-        if out is None or out.shape.dtype.name not in VECTOR_DTYPES:
-            return []
-        if any(r.shape.dtype != out.shape.dtype for r in self.block.refs):
-            return []
-        return vector_candidates(self.block)
+        return typed_vector_candidates(self.block)
 
     def lanes(self, target: Target) -> int:
         return full_lanes(self.block, target)
@@ -288,6 +285,8 @@ def _schedule_genes(variants: Sequence[Variant], target: Target,
             vectorized = True
             add(f"{name}.vector", vectors)
             add(f"{name}.vectors", VECTORS)
+            if any(gathers(kb.block) for kb in kbs):
+                add(f"{name}.prefetch", PREFETCH_DISTANCES)
             for kb in kbs:
                 for n in kb.parallel:
                     add(f"{name}.unroll.{n}", UNROLL_FACTORS)
@@ -330,6 +329,7 @@ def _gene_values(options: Options, space: Space | None) -> dict[str, Any]:
         if s.vector is not None:
             out[f"{name}.vector"] = s.vector
             out[f"{name}.vectors"] = s.vectors
+            out[f"{name}.prefetch"] = s.prefetch
             if space is not None:
                 kb = _block(space, name)
                 if kb is not None:
@@ -391,8 +391,11 @@ def _decode_block(space: Space, point: Sequence[int], kb: KernelBlock,
     accumulators = math.prod(unroll.values()) * vectors
     if accumulators > space.target.vector_registers - RESERVED_REGISTERS:
         return None
+    prefetch = space.value(point, f"{name}.prefetch", 0) if (
+        vector is not None and gathers(kb.block)) else 0
     if kb.member:
-        return Schedule(vector, lanes, tuple(sorted(unroll.items())), vectors, (), False)
+        return Schedule(vector, lanes, tuple(sorted(unroll.items())), vectors, (), False,
+                        prefetch=prefetch)
     tiles: dict[str, int] = {}
     for n, extent in loops.items():
         size = space.value(point, f"{name}.tile.{n}", extent)
@@ -408,4 +411,4 @@ def _decode_block(space: Space, point: Sequence[int], kb: KernelBlock,
     if len(order) < 2 or order == tuple(tiles):     # tiles are in the block's order
         order = ()
     return Schedule(vector, lanes, tuple(sorted(unroll.items())), vectors,
-                    tuple(sorted(tiles.items())), run_parallel, order)
+                    tuple(sorted(tiles.items())), run_parallel, order, prefetch)

@@ -252,3 +252,19 @@ def test_points_with_a_loop_order_compile_and_match_numpy(name: str, tmp_path: P
         np.testing.assert_allclose(module[workload.function](*args), expected,
                                    rtol=workload.rtol, atol=workload.atol,
                                    err_msg=options.text())
+
+
+def test_a_gathering_block_has_a_prefetch_gene() -> None:
+    from polytile.bench.contractions import TWO_LUT
+    from polytile.tune.space import PREFETCH_DISTANCES
+    fn = next(f for f in analyze(parse(TWO_LUT)).functions)
+    spec = specialize(fn, {"LUT1": (1_000_000, 64), "I1": (128, 50),
+                           "LUT2": (1_000_000, 64), "I2": (128, 50)}, {})
+    space = build_space(lower(canonical(spec)), load_target("cpu-avx512"))
+    genes = {g.name: g.values for g in space.genes}
+    assert genes["s0.prefetch"] == PREFETCH_DISTANCES
+    assert dict(space.default.schedules)["s0"].prefetch == 8      # a 256 MB table
+    rng = random.Random(1)
+    seen = {dict(o.schedules)["s0"].prefetch for o in
+            (space.decode(space.random_point(rng)) for _ in range(60)) if o is not None}
+    assert seen == set(PREFETCH_DISTANCES)
