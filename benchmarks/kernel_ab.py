@@ -99,7 +99,7 @@ def main() -> int:
                 if status != 0:
                     raise SystemExit(f"{side}: the kernel failed with code {status}")
     for side, t in times.items():
-        print(f"{side}: median {statistics.median(t) * 1e3:.3f} ms, min {min(t) * 1e3:.3f} ms "
+        print(f"{side}: median {statistics.median(t) * 1e6:.1f} us, min {min(t) * 1e6:.1f} us "
               f"({args.rounds} calls)")
     same = all(np.allclose(a, b, rtol=1e-4, atol=1e-4)
                for a, b in zip(outputs["before"], outputs["after"]))
