@@ -4,6 +4,7 @@
     polytile show FILE.tc --stage ast|program|ir|loops|c [--sizes ...] [--function NAME] [--target T]
                            (loops and c, or any stage of the target's backend)
     polytile targets
+    polytile instructions
     polytile sanitize [--with address,undefined] -- COMMAND [ARGS...]
     polytile tune FILE.tc --sizes M=1024,K=1024,N=1024 [--budget 2m] [--strategy genetic|random]
     polytile cache info|clear [--tuning]
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Sequence
 
 from polytile.deep import call_deep
 from polytile.errors import PolytileError
@@ -155,10 +157,30 @@ def cmd_targets(args: argparse.Namespace) -> int:
                               if set(t.optional) & host else ""))
         rows.append((t.name, t.backend, f"{t.vector_bytes * 8} bit",
                      ",".join(t.requires) or "-", ",".join(t.optional) or "-", runs))
+    _print_table(rows)
+    return 0
+
+
+def cmd_instructions(args: argparse.Namespace) -> int:
+    from polytile.isa import descriptions
+    from polytile.targets.target import host_features, shipped_targets
+
+    host = host_features()
+    rows = [("instruction", "feature", "operands", "targets", "this host")]
+    for d in descriptions():
+        ins = ", ".join(str(t) for t in d.definition.inputs)
+        outs = ", ".join(str(t) for t in d.definition.outputs)
+        targets = [t.name for t in shipped_targets() if d.feature in t.requires + t.optional]
+        rows.append((d.name, d.feature, f"{ins} -> {outs}", ",".join(targets) or "-",
+                     "yes" if d.feature in host else "no"))
+    _print_table(rows)
+    return 0
+
+
+def _print_table(rows: Sequence[Sequence[str]]) -> None:
     widths = [max(len(r[k]) for r in rows) for k in range(len(rows[0]) - 1)]
     for r in rows:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1])
-    return 0
 
 
 def cmd_sanitize(args: argparse.Namespace) -> int:
@@ -262,6 +284,10 @@ def main(argv: list[str] | None = None) -> int:
     targets = sub.add_parser("targets", help="list the shipped targets, their backends and "
                              "features, and whether this host runs them")
     targets.set_defaults(run=cmd_targets)
+    instructions = sub.add_parser("instructions", help="list the tensorized instructions "
+                                  "described in TC, the targets that provide them, and "
+                                  "whether this host runs them")
+    instructions.set_defaults(run=cmd_instructions)
     sanitize = sub.add_parser("sanitize", help="run a command whose kernels are built with "
                               "AddressSanitizer and UBSan (reports name the kernel and end "
                               "the process)")

@@ -164,6 +164,8 @@ class _Printer:
         self.vector: L.VType | None = None
         self.counters: dict[str, int] = defaultdict(int)
         self.pools: list[tuple[str, str]] = []   # (pool, comment) per kept top-level local
+        self.typedefs: dict[str, str] = {}       # vector types other than pt_vf
+        self.intrinsics = False                  # an instruction's form may use them
 
     def label(self, prefix: str) -> str:
         number = self.counters[prefix]
@@ -197,6 +199,8 @@ class _Printer:
                 f" * parameter p; returns 0, or an error code with err[0..3] = (code, param,\n"
                 f" * dimension, value). */\n")
         vector_prelude = vector_math(self.vector.lanes) if self.vector else ""
+        if self.typedefs or self.intrinsics:
+            vector_prelude += "\n".join(["#include <immintrin.h>", *self.typedefs.values()]) + "\n"
         return (head + "\n" + self.needs.prelude() + vector_prelude + "\n" + self.pool_statics()
                 + f"int32_t {symbol}(void **args, int64_t *err)\n{{\n"
                 + "\n".join(_indent(lines)) + "\n}\n")
@@ -308,6 +312,8 @@ class _Printer:
 
     def define(self, st: L.Let | L.Var) -> list[str]:
         self.types[st.name] = st.type
+        if self.typed(st.type):
+            return self.define_typed(st)
         if st.type.lanes > 1:
             self.use_vector(st.type)
             op = st.value if isinstance(st.value, L.Op) else None
@@ -323,6 +329,34 @@ class _Printer:
         const = "const " if isinstance(st, L.Let) else ""
         return [f"{const}{ctype} {st.name} = {cexpr.strip(self.expr(st.value, st.type))};"]
 
+    def typed(self, t: L.VType) -> bool:
+        """Whether `t` is a vector outside the function's float32 vector type (`pt_vf`,
+        which has the vector math): those are declared as `pt_v_<dtype>x<lanes>` and only
+        loaded, stored, filled with a literal and passed to instructions."""
+        return t.lanes > 1 and not (t.dtype == dtypes.FLOAT32
+                                    and self.vector in (None, t))
+
+    def typed_name(self, t: L.VType) -> str:
+        name = f"pt_v_{t.dtype.name}x{t.lanes}"
+        self.typedefs[name] = (f"typedef {t.dtype.c_name} {name} __attribute__((vector_size("
+                               f"{t.lanes * t.dtype.bits // 8})));")
+        return name
+
+    def define_typed(self, st: L.Let | L.Var) -> list[str]:
+        t, name = st.type, self.typed_name(st.type)
+        v = st.value
+        if isinstance(v, L.Read) and v.count is None and v.lanes == t.lanes:
+            element = self.element(v.buffer, v.offset)
+            return [f"{name} {st.name};",
+                    f"__builtin_memcpy(&{st.name}, &{element}, sizeof {st.name});"]
+        if isinstance(v, L.Lit) and t.dtype.name != "bfloat16":
+            return [f"{name} {st.name} = ({name}){{}} + ({t.dtype.c_name})"
+                    f"{cexpr.literal(v.value, t.dtype)};"]
+        if isinstance(v, L.Name) and self.types.get(v.name) == t:
+            return [f"{name} {st.name} = {v.name};"]
+        raise UnsupportedError(f"the C backend loads, stores and passes {t} vectors to "
+                               f"instructions, but cannot compute {type(v).__name__} on them")
+
     def instruction(self, st: L.Instruction) -> list[str]:
         """The instruction's C form (`forms["c-x86"]`), after declaring its outputs."""
         definition = instruction(st.name)
@@ -332,9 +366,15 @@ class _Printer:
         lines = []
         for name, t in zip(st.outputs, definition.outputs):
             self.types[name] = t
-            if t.lanes > 1:
+            if self.typed(t):
+                ctype = self.typed_name(t)
+            elif t.lanes > 1:
                 self.use_vector(t)
-            lines.append(f"{'pt_vf' if t.lanes > 1 else cexpr.scalar_type(t.dtype)} {name};")
+                ctype = "pt_vf"
+            else:
+                ctype = cexpr.scalar_type(t.dtype)
+            lines.append(f"{ctype} {name};")
+        self.intrinsics = True
         operands = {f"out{k}": n for k, n in enumerate(st.outputs)}
         operands.update({f"in{k}": n for k, n in enumerate(st.inputs)})
         return lines + [form.format(**operands)]
@@ -392,6 +432,11 @@ class _Printer:
         element = self.element(st.buffer, st.offset)
         if t.dtype != self.buffers[st.buffer].dtype:
             raise IRError(f"store of {t} {st.value} to a {self.buffers[st.buffer].dtype} buffer")
+        if self.typed(t):
+            if st.agg != "assign" or st.count is not None:
+                raise UnsupportedError(f"the C backend stores {t} vectors whole, without "
+                                       "aggregation or a lane count")
+            return [f"__builtin_memcpy(&{element}, &{st.value}, sizeof {st.value});"]
         if t.lanes == 1:
             return [self.assign(element, st.value, st.agg, t.dtype)]
         value, addr = st.value, f"&{element}"

@@ -8,9 +8,9 @@ backend that can print it (one entry per backend name, e.g. "c-x86").
         forms={"c-x86": "{out0} = {in0} * {in1} + {in2};"}))
 
 A form is a statement template over `{out0}, ...` (the outputs, declared by the
-printer) and `{in0}, ...` (the inputs). Nothing lowers to instructions yet: UNIT
-(issue 14) describes them in TC and a pass that finds them records `Instruction`
-nodes; until then they are written by hand (tests, docs).
+printer) and `{in0}, ...` (the inputs). The shipped instructions are described in TC
+(polytile.isa, UNIT §III) and registered from there; no pass finds them in programs yet
+(UNIT's inspector and rewriter), so `Instruction` nodes are written by hand (tests, docs).
 """
 from __future__ import annotations
 
@@ -30,6 +30,8 @@ class InstructionDef:
     inputs: tuple[VType, ...]
     meaning: Callable[..., tuple[np.ndarray, ...]]
     forms: Mapping[str, str] = field(default_factory=dict)   # backend name -> template
+    feature: str = ""                  # the CPU feature that runs it ("": any)
+    cflags: tuple[str, ...] = ()       # what the C compiler needs to emit it
 
 
 _INSTRUCTIONS: dict[str, InstructionDef] = {}
@@ -41,6 +43,9 @@ def register_instruction(definition: InstructionDef) -> None:
 
 
 def instruction(name: str) -> InstructionDef:
+    if name not in _INSTRUCTIONS:
+        from polytile.isa import descriptions     # the shipped ones, described in TC
+        descriptions()
     if name not in _INSTRUCTIONS:
         raise IRError(f"unknown instruction {name!r}",
                       hint=f"registered: {', '.join(sorted(_INSTRUCTIONS)) or 'none'}")

@@ -1,0 +1,118 @@
+"""Tensorized instructions described in TC (UNIT §III): one file per instruction in this
+directory, shipped with the package.
+
+A description is one TC function, which says what the instruction computes on its
+operands, and comment lines `# key: value` that say what it takes to use it:
+
+    # feature: avx512_vnni                  the CPU feature that runs it (cpuinfo's name)
+    # cflags: -mavx512f -mavx512vnni        what the C compiler needs to emit it
+    # sizes: L=16                           the sizes that make the operands registers
+    # c-x86: {out0} = (__typeof__({out0}))_mm512_dpbusd_epi32(...);   the C form
+    def vpdpbusd_512(int32(L) acc, uint8(L,4) a, int8(L,4) b) -> (d) {
+      d(l) = acc(l)
+      d(l) += int32(a(l,k)) * int32(b(l,k))
+    }
+
+Loading registers an `InstructionDef` (polytile.loops.instructions): its operands are
+the TC parameters, flattened into vectors (uint8(16,4) is uint8x64, lane 4*l + k), and
+its meaning is the TC function run by the reference interpreter, so the description is
+the one definition of what the instruction computes; the tests check each C form against
+it bit for bit on hosts that have the feature. Adding an instruction is adding a file.
+"""
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+from importlib import resources
+
+import numpy as np
+
+from polytile.errors import IRError
+from polytile.loops.instructions import InstructionDef, register_instruction
+from polytile.loops.nodes import VType
+
+KEYS = ("feature", "cflags", "sizes", "c-x86")
+
+
+@dataclass(frozen=True)
+class Description:
+    name: str
+    feature: str
+    cflags: tuple[str, ...]
+    sizes: tuple[tuple[str, int], ...]
+    source: str                      # the file's text
+    definition: InstructionDef
+
+
+@functools.lru_cache(maxsize=1)
+def descriptions() -> tuple[Description, ...]:
+    """Every shipped description, registered as an instruction of the loop IR."""
+    files = sorted((f for f in resources.files(__name__).iterdir() if f.name.endswith(".tc")),
+                   key=lambda f: f.name)
+    out = tuple(load_description(f.read_text(), f.name) for f in files)
+    for d in out:
+        register_instruction(d.definition)
+    return out
+
+
+def load_description(text: str, origin: str) -> Description:
+    """The description in `text` (a file called `origin`, for messages)."""
+    import polytile as pt
+    from polytile.sema.specialize import specialize
+
+    meta: dict[str, str] = {}
+    for line in text.splitlines():
+        key, colon, value = line.removeprefix("#").partition(":")
+        if line.startswith("#") and colon and key.strip() in KEYS:
+            meta[key.strip()] = value.strip()
+    missing = [k for k in KEYS if k not in meta]
+    if missing:
+        raise IRError(f"instruction description {origin} lacks {', '.join(missing)}",
+                      hint=f"each file has comment lines '# key: value' for {', '.join(KEYS)}")
+    module = pt.define(text, backend="interp", name=origin)
+    functions = list(module._functions.values())
+    if len(functions) != 1:
+        raise IRError(f"instruction description {origin} defines {len(functions)} functions, "
+                      "not one")
+    tc = functions[0]
+    sizes = _sizes(meta["sizes"], origin)
+    shapes = {p.name: tuple(d.evaluate(dict(sizes)) for d in p.shape) for p in tc.fn.params}
+    spec = specialize(tc.fn, shapes, {})
+    ins = [(shapes[p.name], p.dtype) for p in tc.fn.params]
+    outs = [(spec.shape(o.name), o.dtype) for o in tc.fn.outputs]
+
+    def meaning(*values: np.ndarray) -> tuple[np.ndarray, ...]:
+        args = [np.asarray(v).reshape(shape) for v, (shape, _) in zip(values, ins)]
+        result = tc(*args)
+        result = result if isinstance(result, tuple) else (result,)
+        return tuple(np.asarray(r).reshape(-1) for r in result)
+
+    definition = InstructionDef(
+        tc.name, outputs=tuple(VType(dt, math.prod(s)) for s, dt in outs),
+        inputs=tuple(VType(dt, math.prod(s)) for s, dt in ins), meaning=meaning,
+        forms={"c-x86": meta["c-x86"]}, feature=meta["feature"],
+        cflags=tuple(meta["cflags"].split()))
+    return Description(tc.name, meta["feature"], definition.cflags, sizes, text, definition)
+
+
+def _sizes(text: str, origin: str) -> tuple[tuple[str, int], ...]:
+    out: list[tuple[str, int]] = []
+    for item in filter(None, (s.strip() for s in text.split(","))):
+        name, eq, value = item.partition("=")
+        try:
+            out.append((name.strip(), int(value)))
+        except ValueError:
+            raise IRError(f"instruction description {origin}: sizes must read 'L=16, ...', "
+                          f"not {text!r}") from None
+        if not eq:
+            raise IRError(f"instruction description {origin}: size {item!r} has no value")
+    return tuple(out)
+
+
+def by_feature() -> dict[str, list[Description]]:
+    """Descriptions grouped by the feature that runs them."""
+    groups: dict[str, list[Description]] = {}
+    for d in descriptions():
+        groups.setdefault(d.feature, []).append(d)
+    return groups

@@ -1,0 +1,175 @@
+"""Instructions described in TC (polytile/isa, UNIT §III): every description loads; its
+meaning (the TC function on the reference interpreter) agrees with an independent NumPy
+formula on random full-range operands; its C form compiles on any x86 host with the
+description's flags; and where the host has the feature, the instruction computes what
+the description says: bit for bit for integers, within an ulp of the larger partial sum
+for bfloat16 (the instruction adds its pairs in the other order)."""
+from __future__ import annotations
+
+import ctypes
+import subprocess
+import sys
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from polytile.cli import main as cli_main
+from polytile.codegen.c import print_c
+from polytile.errors import IRError
+from polytile.ir.nodes import Affine
+from polytile.isa import Description, descriptions, load_description
+from polytile.loops import nodes as L
+from polytile.loops.interp import run_kernel
+from polytile.targets.target import host_features
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "codegen"))
+from c_harness import CC, FLAGS, needs_cc
+
+DESCRIPTIONS = {d.name: d for d in descriptions()}
+START = Affine.constant(0)
+
+
+def wrap32(x: np.ndarray) -> np.ndarray:
+    return ((x.astype(np.int64) + 2**31) % 2**32 - 2**31).astype(np.int32)
+
+
+def pairs(x: np.ndarray, lanes: int) -> np.ndarray:
+    return x.reshape(lanes, -1).astype(np.int64 if x.dtype.kind in "iu" else np.float64)
+
+
+def reference(name: str, *x: np.ndarray) -> np.ndarray:
+    """What the vendor's manual says each instruction computes, in NumPy."""
+    if name.startswith("vpdpbusd"):
+        acc, a, b = x
+        return wrap32(acc.astype(np.int64) + (pairs(a, len(acc)) * pairs(b, len(acc))).sum(1))
+    if name.startswith("vpmaddwd"):
+        a, b = x
+        lanes = len(a) // 2
+        return wrap32((pairs(a, lanes) * pairs(b, lanes)).sum(1))
+    assert name.startswith("vdpbf16ps")
+    acc, a, b = x
+    return acc.astype(np.float64) + (pairs(a, len(acc)) * pairs(b, len(acc))).sum(1)
+
+
+def operands(d: Description, seed: int) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    out = []
+    for t in d.definition.inputs:
+        np_type = t.dtype.numpy
+        if np_type.kind in "iu":
+            info = np.iinfo(np_type)
+            out.append(rng.integers(info.min, info.max, t.lanes, endpoint=True, dtype=np_type))
+        else:
+            out.append(rng.standard_normal(t.lanes).astype(np_type))
+    return out
+
+
+def kernel(d: Description) -> L.Kernel:
+    """Load each operand, run the instruction, store each result."""
+    ins, outs = d.definition.inputs, d.definition.outputs
+    params = tuple(L.Buffer(f"b{p}", t.dtype, 0, param=p, writable=p >= len(ins))
+                   for p, t in enumerate(ins + outs))
+    body: list[L.Stmt] = [L.Let(f"v{p}", t, L.Read(f"b{p}", START, t.lanes))
+                          for p, t in enumerate(ins)]
+    results = tuple(f"r{k}" for k in range(len(outs)))
+    body.append(L.Instruction(d.name, results, tuple(f"v{p}" for p in range(len(ins)))))
+    body += [L.Store(f"b{len(ins) + k}", START, r) for k, r in enumerate(results)]
+    return L.Kernel(d.name, params, (), tuple(body))
+
+
+def assert_matches(name: str, got: np.ndarray, want: np.ndarray) -> None:
+    if got.dtype.kind in "iu":
+        np.testing.assert_array_equal(got, want)
+    else:     # one float32 ulp of the partial sums' magnitude
+        np.testing.assert_allclose(got.astype(np.float64), want, rtol=0,
+                                   atol=float(np.abs(want).max()) * 2.0**-23 * 2)
+
+
+def test_every_shipped_description_loads() -> None:
+    assert {"vpdpbusd_512", "vpdpbusd_256", "vpmaddwd_256", "vpmaddwd_512",
+            "vdpbf16ps_512"} <= set(DESCRIPTIONS)
+    vnni = DESCRIPTIONS["vpdpbusd_512"].definition
+    assert [str(t) for t in vnni.inputs] == ["int32x16", "uint8x64", "int8x64"]
+    assert [str(t) for t in vnni.outputs] == ["int32x16"]
+    assert vnni.feature == "avx512_vnni" and "-mavx512vnni" in vnni.cflags
+
+
+@pytest.mark.parametrize("name", sorted(DESCRIPTIONS))
+@pytest.mark.parametrize("seed", [0, 1])
+def test_the_tc_meaning_is_the_manuals(name: str, seed: int) -> None:
+    d = DESCRIPTIONS[name]
+    x = operands(d, seed)
+    (got,) = d.definition.meaning(*x)
+    assert_matches(name, got, reference(name, *x))
+
+
+def test_the_integer_edges_wrap_as_the_hardware_does() -> None:
+    pair = np.full(16, -32768, np.int16)
+    (got,) = DESCRIPTIONS["vpmaddwd_256"].definition.meaning(pair, pair)
+    np.testing.assert_array_equal(got, np.full(8, -2**31, np.int32))
+    acc = np.full(16, 2**31 - 1, np.int32)
+    a, b = np.full(64, 255, np.uint8), np.full(64, 127, np.int8)
+    (got,) = DESCRIPTIONS["vpdpbusd_512"].definition.meaning(acc, a, b)
+    np.testing.assert_array_equal(got, wrap32(np.full(16, 2**31 - 1 + 4 * 255 * 127)))
+
+
+def build(d: Description, tmp: Path) -> Path:
+    source = print_c(kernel(d), "k").text
+    (tmp / "k.c").write_text(source)
+    so = tmp / "k.so"
+    subprocess.run([CC, *FLAGS, *d.cflags, "-Wno-psabi", "-shared", "-fPIC", "-o", str(so),
+                    str(tmp / "k.c"), "-lm"], check=True, capture_output=True, text=True)
+    return so
+
+
+@needs_cc
+@pytest.mark.parametrize("name", sorted(DESCRIPTIONS))
+def test_the_c_form_compiles_on_any_x86_host(name: str, tmp_path: Path) -> None:
+    assert build(DESCRIPTIONS[name], tmp_path).exists()
+
+
+@needs_cc
+@pytest.mark.parametrize("name", sorted(DESCRIPTIONS))
+def test_the_instruction_computes_its_description(name: str, tmp_path: Path) -> None:
+    d = DESCRIPTIONS[name]
+    if d.feature not in host_features():
+        pytest.skip(f"this host has no {d.feature}: {name} is compiled, not run")
+    lib = ctypes.CDLL(str(build(d, tmp_path)))
+    for seed in range(4):
+        x = operands(d, seed)
+        outs = [np.zeros(t.lanes, t.dtype.numpy) for t in d.definition.outputs]
+        arrays = x + outs
+        pointers = (ctypes.c_void_p * len(arrays))(*[a.ctypes.data for a in arrays])
+        assert lib.k(pointers, (ctypes.c_int64 * 4)()) == 0
+        interpreted = x + [np.zeros_like(o) for o in outs]
+        run_kernel(kernel(d), interpreted)     # the description, through the loop IR
+        for got, want in zip(outs, interpreted[len(x):]):
+            assert_matches(name, got, want.astype(np.float64) if want.dtype.kind == "f"
+                           else want)
+
+
+def test_a_description_without_its_keys_or_with_two_functions_is_refused() -> None:
+    text = DESCRIPTIONS["vpmaddwd_256"].source
+    with pytest.raises(IRError, match="lacks feature"):
+        load_description(text.replace("# feature: avx2\n", ""), "x.tc")
+    with pytest.raises(IRError, match="defines 2 functions"):
+        load_description(text + text.replace("vpmaddwd_256(", "other("), "x.tc")
+    with pytest.raises(IRError, match="sizes must read"):
+        load_description(text.replace("# sizes: L=8", "# sizes: L=eight"), "x.tc")
+
+
+def test_polytile_instructions_lists_them(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli_main(["instructions"]) == 0
+    out = capsys.readouterr().out
+    for name, d in DESCRIPTIONS.items():
+        line = next(row for row in out.splitlines() if row.startswith(name + " "))
+        assert d.feature in line
+        assert ("yes" if d.feature in host_features() else "no") in line.split()[-1]
+    assert "cpu-avx512" in out
+
+
+def test_bfloat16_operands_are_bfloat16() -> None:
+    d = DESCRIPTIONS["vdpbf16ps_512"]
+    assert d.definition.inputs[1].dtype.numpy == np.dtype(ml_dtypes.bfloat16)
