@@ -73,6 +73,9 @@ from polytile.loops.instructions import instruction
 from polytile.loops.lower import LowerOptions, lower
 
 BACKEND = "c-x86"             # the name instruction forms are registered under
+# The header of each architecture's intrinsics, by the name of its instruction forms: the
+# printer is one C printer, and an instruction's form says which architecture it is for.
+INTRINSICS = {"c-x86": "immintrin.h", "c-arm64": "arm_neon.h"}
 _SYMBOL = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 _INDENT = "    "
 _REDUCE = {"add": "pt_vhsum", "max": "pt_vhmax", "min": "pt_vhmin", "mul": "pt_vhprod"}
@@ -98,12 +101,16 @@ def generate_c(fn: Function, options: COptions | None = None) -> CSource:
     return print_c(kernel, options.symbol)
 
 
-def print_c(kernel: L.Kernel, symbol: str | None = None) -> CSource:
-    """The C99 source of a loop IR kernel."""
+def print_c(kernel: L.Kernel, symbol: str | None = None, forms: str = BACKEND) -> CSource:
+    """The C99 source of a loop IR kernel; its instructions take their `forms` form
+    ("c-x86", or "c-arm64" for an AArch64 compiler)."""
     symbol = f"pt_{kernel.name}" if symbol is None else symbol
     if not _SYMBOL.fullmatch(symbol):
         raise IRError(f"{symbol!r} is not a valid C function name")
-    return CSource(_Printer(kernel).write(symbol), symbol)
+    if forms not in INTRINSICS:
+        raise IRError(f"no C instruction forms called {forms!r}",
+                      hint=f"use one of {', '.join(INTRINSICS)}")
+    return CSource(_Printer(kernel, forms).write(symbol), symbol)
 
 
 def _indent(lines: list[str]) -> list[str]:
@@ -155,8 +162,9 @@ class _Target:
 class _Printer:
     """Prints one kernel; holds the types of its names and the helpers used."""
 
-    def __init__(self, kernel: L.Kernel):
+    def __init__(self, kernel: L.Kernel, forms: str = BACKEND):
         self.kernel = kernel
+        self.forms = forms
         self.needs = cexpr.Needs()
         self.types: dict[str, L.VType] = {}
         self.buffers = {b.name: b for b in kernel.params}
@@ -200,7 +208,8 @@ class _Printer:
                 f" * dimension, value). */\n")
         vector_prelude = vector_math(self.vector.lanes) if self.vector else ""
         if self.typedefs or self.intrinsics:
-            vector_prelude += "\n".join(["#include <immintrin.h>", *self.typedefs.values()]) + "\n"
+            vector_prelude += "\n".join([f"#include <{INTRINSICS[self.forms]}>",
+                                          *self.typedefs.values()]) + "\n"
         return (head + "\n" + self.needs.prelude() + vector_prelude + "\n" + self.pool_statics()
                 + f"int32_t {symbol}(void **args, int64_t *err)\n{{\n"
                 + "\n".join(_indent(lines)) + "\n}\n")
@@ -360,9 +369,10 @@ class _Printer:
     def instruction(self, st: L.Instruction) -> list[str]:
         """The instruction's C form (`forms["c-x86"]`), after declaring its outputs."""
         definition = instruction(st.name)
-        form = definition.forms.get(BACKEND)
+        form = definition.forms.get(self.forms)
         if form is None:
-            raise UnsupportedError(f"instruction {st.name} has no form for the C backend")
+            raise UnsupportedError(f"instruction {st.name} has no {self.forms} form for the C "
+                                   "backend", hint=f"its forms: {', '.join(definition.forms)}")
         lines = []
         for name, t in zip(st.outputs, definition.outputs):
             self.types[name] = t

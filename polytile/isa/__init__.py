@@ -8,6 +8,7 @@ operands, and comment lines `# key: value` that say what it takes to use it:
     # cflags: -mavx512f -mavx512vnni        what the C compiler needs to emit it
     # sizes: L=16                           the sizes that make the operands registers
     # c-x86: {out0} = (__typeof__({out0}))_mm512_dpbusd_epi32(...);   the C form
+                                            (c-arm64 for an AArch64 instruction)
     def vpdpbusd_512(int32(L) acc, uint8(L,4) a, int8(L,4) b) -> (d) {
       d(l) = acc(l)
       d(l) += int32(a(l,k)) * int32(b(l,k))
@@ -32,7 +33,8 @@ from polytile.errors import IRError
 from polytile.loops.instructions import InstructionDef, register_instruction
 from polytile.loops.nodes import VType
 
-KEYS = ("feature", "cflags", "sizes", "c-x86")
+KEYS = ("feature", "cflags", "sizes")
+FORMS = ("c-x86", "c-arm64")        # at least one: the C form for that architecture
 
 
 @dataclass(frozen=True)
@@ -64,12 +66,14 @@ def load_description(text: str, origin: str) -> Description:
     meta: dict[str, str] = {}
     for line in text.splitlines():
         key, colon, value = line.removeprefix("#").partition(":")
-        if line.startswith("#") and colon and key.strip() in KEYS:
+        if line.startswith("#") and colon and key.strip() in KEYS + FORMS:
             meta[key.strip()] = value.strip()
-    missing = [k for k in KEYS if k not in meta]
+    missing = [k for k in KEYS if k not in meta] + (
+        [] if any(f in meta for f in FORMS) else [" or ".join(FORMS)])
     if missing:
         raise IRError(f"instruction description {origin} lacks {', '.join(missing)}",
-                      hint=f"each file has comment lines '# key: value' for {', '.join(KEYS)}")
+                      hint=f"each file has comment lines '# key: value' for {', '.join(KEYS)} "
+                           f"and a C form ({', '.join(FORMS)})")
     module = pt.define(text, backend="interp", name=origin)
     functions = list(module._functions.values())
     if len(functions) != 1:
@@ -91,7 +95,7 @@ def load_description(text: str, origin: str) -> Description:
     definition = InstructionDef(
         tc.name, outputs=tuple(VType(dt, math.prod(s)) for s, dt in outs),
         inputs=tuple(VType(dt, math.prod(s)) for s, dt in ins), meaning=meaning,
-        forms={"c-x86": meta["c-x86"]}, feature=meta["feature"],
+        forms={f: meta[f] for f in FORMS if f in meta}, feature=meta["feature"],
         cflags=tuple(meta["cflags"].split()))
     return Description(tc.name, meta["feature"], definition.cflags, sizes, text, definition)
 

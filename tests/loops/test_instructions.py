@@ -73,7 +73,7 @@ def test_the_c_form_compiles_and_agrees_with_the_interpreter(tmp_path: Path) -> 
 
 
 def test_an_instruction_without_a_c_form_is_refused_by_the_c_backend() -> None:
-    with pytest.raises(UnsupportedError, match="no form for the C backend"):
+    with pytest.raises(UnsupportedError, match="no c-x86 form for the C backend"):
         print_c(kernel("test_no_c_form", ("v0",), ("v3",)))
 
 

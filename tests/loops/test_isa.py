@@ -7,6 +7,7 @@ for bfloat16 (the instruction adds its pairs in the other order)."""
 from __future__ import annotations
 
 import ctypes
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -17,7 +18,7 @@ import pytest
 
 from polytile.cli import main as cli_main
 from polytile.codegen.c import print_c
-from polytile.errors import IRError
+from polytile.errors import IRError, UnsupportedError
 from polytile.ir.nodes import Affine
 from polytile.isa import Description, descriptions, load_description
 from polytile.loops import nodes as L
@@ -28,7 +29,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "codegen"))
 from c_harness import CC, FLAGS, needs_cc
 
 DESCRIPTIONS = {d.name: d for d in descriptions()}
+X86 = sorted(n for n, d in DESCRIPTIONS.items() if "c-x86" in d.definition.forms)
+ARM = sorted(n for n, d in DESCRIPTIONS.items() if "c-arm64" in d.definition.forms)
 START = Affine.constant(0)
+ARM_CC, QEMU = shutil.which("aarch64-linux-gnu-gcc"), shutil.which("qemu-aarch64")
+needs_arm = pytest.mark.skipif(
+    ARM_CC is None or QEMU is None,
+    reason="no aarch64-linux-gnu-gcc or qemu-aarch64 (Debian: gcc-aarch64-linux-gnu, "
+           "qemu-user; .ci/run installs them): the Arm instructions are not checked")
 
 
 def wrap32(x: np.ndarray) -> np.ndarray:
@@ -41,9 +49,13 @@ def pairs(x: np.ndarray, lanes: int) -> np.ndarray:
 
 def reference(name: str, *x: np.ndarray) -> np.ndarray:
     """What the vendor's manual says each instruction computes, in NumPy."""
-    if name.startswith("vpdpbusd"):
+    if name.startswith(("vpdpbusd", "sdot")):
         acc, a, b = x
         return wrap32(acc.astype(np.int64) + (pairs(a, len(acc)) * pairs(b, len(acc))).sum(1))
+    if name.startswith("udot"):
+        acc, a, b = x
+        total = acc.astype(np.int64) + (pairs(a, len(acc)) * pairs(b, len(acc))).sum(1)
+        return (total % 2**32).astype(np.uint32)
     if name.startswith("vpmaddwd"):
         a, b = x
         lanes = len(a) // 2
@@ -89,7 +101,7 @@ def assert_matches(name: str, got: np.ndarray, want: np.ndarray) -> None:
 
 def test_every_shipped_description_loads() -> None:
     assert {"vpdpbusd_512", "vpdpbusd_256", "vpmaddwd_256", "vpmaddwd_512",
-            "vdpbf16ps_512"} <= set(DESCRIPTIONS)
+            "vdpbf16ps_512", "sdot_neon", "udot_neon"} <= set(DESCRIPTIONS)
     vnni = DESCRIPTIONS["vpdpbusd_512"].definition
     assert [str(t) for t in vnni.inputs] == ["int32x16", "uint8x64", "int8x64"]
     assert [str(t) for t in vnni.outputs] == ["int32x16"]
@@ -125,13 +137,13 @@ def build(d: Description, tmp: Path) -> Path:
 
 
 @needs_cc
-@pytest.mark.parametrize("name", sorted(DESCRIPTIONS))
+@pytest.mark.parametrize("name", X86)
 def test_the_c_form_compiles_on_any_x86_host(name: str, tmp_path: Path) -> None:
     assert build(DESCRIPTIONS[name], tmp_path).exists()
 
 
 @needs_cc
-@pytest.mark.parametrize("name", sorted(DESCRIPTIONS))
+@pytest.mark.parametrize("name", X86)
 def test_the_instruction_computes_its_description(name: str, tmp_path: Path) -> None:
     d = DESCRIPTIONS[name]
     if d.feature not in host_features():
@@ -148,6 +160,42 @@ def test_the_instruction_computes_its_description(name: str, tmp_path: Path) -> 
         for got, want in zip(outs, interpreted[len(x):]):
             assert_matches(name, got, want.astype(np.float64) if want.dtype.kind == "f"
                            else want)
+
+
+def c_array(name: str, x: np.ndarray) -> str:
+    ctype = {"i": "int", "u": "uint"}[x.dtype.kind] + f"{x.dtype.itemsize * 8}_t"
+    return f"static {ctype} {name}[{len(x)}] = {{{', '.join(str(int(v)) for v in x)}}};"
+
+
+@needs_arm
+@pytest.mark.parametrize("name", ARM)
+def test_the_arm_instruction_computes_its_description_under_qemu(name: str,
+                                                                 tmp_path: Path) -> None:
+    """Cross-compiled for AArch64 with the description's flags, run by qemu-aarch64 (its
+    default CPU has the dot product), on random full-range operands."""
+    d = DESCRIPTIONS[name]
+    x = operands(d, 7)
+    outs = [np.zeros(t.lanes, t.dtype.numpy) for t in d.definition.outputs]
+    names = [f"in{p}" for p in range(len(x))] + [f"out{k}" for k in range(len(outs))]
+    main = "\n".join([
+        "#include <stdio.h>", print_c(kernel(d), "k", forms="c-arm64").text,
+        *(c_array(n, a) for n, a in zip(names, x + outs)),
+        "int main(void) {",
+        f"  void *args[] = {{{', '.join(names)}}};",
+        "  int64_t err[4];",
+        "  if (k(args, err) != 0) return 1;",
+        *(f"  for (int l = 0; l < {len(o)}; l++) printf(\"%lld\\n\", (long long)out{k}[l]);"
+          for k, o in enumerate(outs)),
+        "  return 0;", "}"])
+    (tmp_path / "main.c").write_text(main)
+    exe = tmp_path / "main"
+    subprocess.run([ARM_CC, "-O2", "-static", "-Wall", "-Werror", "-Wno-psabi", *d.cflags,
+                    "-o", str(exe), str(tmp_path / "main.c"), "-lm"],
+                   check=True, capture_output=True, text=True)
+    run = subprocess.run([QEMU, str(exe)], check=True, capture_output=True, text=True)
+    got = np.array([int(v) for v in run.stdout.split()])
+    (want,) = d.definition.meaning(*x)
+    np.testing.assert_array_equal(got, want.astype(np.int64))
 
 
 def test_a_description_without_its_keys_or_with_two_functions_is_refused() -> None:
@@ -168,6 +216,13 @@ def test_polytile_instructions_lists_them(capsys: pytest.CaptureFixture[str]) ->
         assert d.feature in line
         assert ("yes" if d.feature in host_features() else "no") in line.split()[-1]
     assert "cpu-avx512" in out
+
+
+def test_an_instruction_prints_only_for_its_architecture() -> None:
+    with pytest.raises(UnsupportedError, match="no c-x86 form"):
+        print_c(kernel(DESCRIPTIONS["sdot_neon"]))
+    assert "#include <arm_neon.h>" in print_c(kernel(DESCRIPTIONS["sdot_neon"]),
+                                              forms="c-arm64").text
 
 
 def test_bfloat16_operands_are_bfloat16() -> None:
