@@ -4,7 +4,7 @@
     polytile show FILE.tc --stage ast|program|ir|loops|c [--sizes ...] [--function NAME] [--target T]
                            (loops and c, or any stage of the target's backend)
     polytile targets
-    polytile instructions
+    polytile instructions [FILE.tc --sizes M=64,K=64 [--function NAME]]
     polytile sanitize [--with address,undefined] -- COMMAND [ARGS...]
     polytile tune FILE.tc --sizes M=1024,K=1024,N=1024 [--budget 2m] [--strategy genetic|random]
     polytile cache info|clear [--tuning]
@@ -165,6 +165,8 @@ def cmd_instructions(args: argparse.Namespace) -> int:
     from polytile.isa import descriptions
     from polytile.targets.target import host_features, shipped_targets
 
+    if args.file is not None:
+        return _matched_instructions(args)
     host = host_features()
     rows = [("instruction", "feature", "operands", "targets", "this host")]
     for d in descriptions():
@@ -174,6 +176,27 @@ def cmd_instructions(args: argparse.Namespace) -> int:
         rows.append((d.name, d.feature, f"{ins} -> {outs}", ",".join(targets) or "-",
                      "yes" if d.feature in host else "no"))
     _print_table(rows)
+    return 0
+
+
+def _matched_instructions(args: argparse.Namespace) -> int:
+    """Where each instruction could run the file's contractions (UNIT's inspector)."""
+    from polytile.isa import descriptions
+    from polytile.isa.inspect import find
+
+    if args.sizes is None:
+        raise PolytileError("polytile instructions FILE.tc needs --sizes (the inspector "
+                            "reads the program at the sizes of a call)")
+    functions = [f for f in _program(args.file).functions
+                 if args.function in (None, f.name)]
+    if not functions:
+        raise PolytileError(f"{args.file} defines no function {args.function}")
+    for fn in functions:
+        matches = find(_specialize(fn, args.sizes), descriptions())
+        print(f"{fn.name}: {len(matches) or 'no'} mapping{'s' if len(matches) != 1 else ''}")
+        for m in matches:
+            loc = fn.statements[m.statement].loc
+            print(f"  statement {m.statement + 1} (line {loc.line}): {m.mapping.text()}")
     return 0
 
 
@@ -287,6 +310,11 @@ def main(argv: list[str] | None = None) -> int:
     instructions = sub.add_parser("instructions", help="list the tensorized instructions "
                                   "described in TC, the targets that provide them, and "
                                   "whether this host runs them")
+    instructions.add_argument("file", nargs="?", default=None,
+                              help="a TC file: show where the instructions could run its "
+                                   "contractions instead")
+    instructions.add_argument("--sizes", type=_sizes, default=None, help="e.g. M=128,K=64")
+    instructions.add_argument("--function", default=None, help="only this function")
     instructions.set_defaults(run=cmd_instructions)
     sanitize = sub.add_parser("sanitize", help="run a command whose kernels are built with "
                               "AddressSanitizer and UBSan (reports name the kernel and end "

@@ -30,8 +30,11 @@ from importlib import resources
 import numpy as np
 
 from polytile.errors import IRError
+from polytile.ir import nodes as N
+from polytile.isa.inspect import reduction_block
 from polytile.loops.instructions import InstructionDef, register_instruction
 from polytile.loops.nodes import VType
+from polytile.sema import program as P
 
 KEYS = ("feature", "cflags", "sizes")
 FORMS = ("c-x86", "c-arm64")        # at least one: the C form for that architecture
@@ -45,6 +48,8 @@ class Description:
     sizes: tuple[tuple[str, int], ...]
     source: str                      # the file's text
     definition: InstructionDef
+    reduction: N.Block               # its reduction statement, lowered (the inspector's)
+    tc: P.Function                   # the checked TC function
 
 
 @functools.lru_cache(maxsize=1)
@@ -61,6 +66,8 @@ def descriptions() -> tuple[Description, ...]:
 def load_description(text: str, origin: str) -> Description:
     """The description in `text` (a file called `origin`, for messages)."""
     import polytile as pt
+    from polytile.ir.lower import lower
+    from polytile.sema.canonical import canonical
     from polytile.sema.specialize import specialize
 
     meta: dict[str, str] = {}
@@ -83,6 +90,7 @@ def load_description(text: str, origin: str) -> Description:
     sizes = _sizes(meta["sizes"], origin)
     shapes = {p.name: tuple(d.evaluate(dict(sizes)) for d in p.shape) for p in tc.fn.params}
     spec = specialize(tc.fn, shapes, {})
+    reduction = reduction_block(lower(canonical(spec)))
     ins = [(shapes[p.name], p.dtype) for p in tc.fn.params]
     outs = [(spec.shape(o.name), o.dtype) for o in tc.fn.outputs]
 
@@ -97,26 +105,18 @@ def load_description(text: str, origin: str) -> Description:
         inputs=tuple(VType(dt, math.prod(s)) for s, dt in ins), meaning=meaning,
         forms={f: meta[f] for f in FORMS if f in meta}, feature=meta["feature"],
         cflags=tuple(meta["cflags"].split()))
-    return Description(tc.name, meta["feature"], definition.cflags, sizes, text, definition)
+    return Description(tc.name, meta["feature"], definition.cflags, sizes, text, definition,
+                       reduction, tc.fn)
 
 
 def _sizes(text: str, origin: str) -> tuple[tuple[str, int], ...]:
     out: list[tuple[str, int]] = []
     for item in filter(None, (s.strip() for s in text.split(","))):
-        name, eq, value = item.partition("=")
+        name, _, value = item.partition("=")
         try:
             out.append((name.strip(), int(value)))
         except ValueError:
             raise IRError(f"instruction description {origin}: sizes must read 'L=16, ...', "
                           f"not {text!r}") from None
-        if not eq:
-            raise IRError(f"instruction description {origin}: size {item!r} has no value")
     return tuple(out)
 
-
-def by_feature() -> dict[str, list[Description]]:
-    """Descriptions grouped by the feature that runs them."""
-    groups: dict[str, list[Description]] = {}
-    for d in descriptions():
-        groups.setdefault(d.feature, []).append(d)
-    return groups
