@@ -6,6 +6,17 @@ from polytile.analysis.overwrite import overwritten_first
 from polytile.ir.parser import parse_function
 from polytile.ir.verify import verify
 
+# Y = T, the last statement of both programs below.
+COPY = """\
+    block copy [i:6] (
+      in T <- T[i] float32(1:1)
+      out Y <- Y[i] float32(1:1)
+    ) {
+      $t = load(T)
+      Y = store($t)
+    }
+"""
+
 # T(i) = 0 for every i, then T(i) += X(i, k), then Y = T; {init} is the first toucher.
 TEMPLATE = """\
 function sums(X, Y) {{
@@ -22,14 +33,7 @@ function sums(X, Y) {{
       $x = load(X)
       T = store($x)
     }}
-    block copy [i:6] (
-      in T <- T[i] float32(1:1)
-      out Y <- Y[i] float32(1:1)
-    ) {{
-      $t = load(T)
-      Y = store($t)
-    }}
-  }}
+{copy}  }}
 }}
 """
 
@@ -43,7 +47,7 @@ FULL_INIT = """\
 
 
 def analyse(init: str) -> frozenset[str]:
-    fn = parse_function(TEMPLATE.format(init=init))
+    fn = parse_function(TEMPLATE.format(init=init, copy=COPY))
     verify(fn)
     return overwritten_first(fn.body)
 
@@ -197,20 +201,13 @@ function rows(X, Y) {{
         T = store($x)
       }}
     }}
-    block copy [i:6] (
-      in T <- T[i] float32(1:1)
-      out Y <- Y[i] float32(1:1)
-    ) {{
-      $t = load(T)
-      Y = store($t)
-    }}
-  }}
+{copy}  }}
 }}
 """
 
 
 def fused(dirs: tuple[str, ...], cond: str = "") -> frozenset[str]:
-    fn = parse_function(FUSED.format(cond=cond))
+    fn = parse_function(FUSED.format(cond=cond, copy=COPY))
     verify(fn)
     return overwritten_first(fn.body, dirs)
 
