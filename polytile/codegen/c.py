@@ -77,6 +77,7 @@ BACKEND = "c-x86"             # the name instruction forms are registered under
 # printer is one C printer, and an instruction's form says which architecture it is for.
 INTRINSICS = {"c-x86": "immintrin.h", "c-arm64": "arm_neon.h"}
 _SYMBOL = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
+_OPERAND = re.compile(r"\{((?:out|in)\d+)\}")
 _INDENT = "    "
 _REDUCE = {"add": "pt_vhsum", "max": "pt_vhmax", "min": "pt_vhmin", "mul": "pt_vhprod"}
 
@@ -340,9 +341,10 @@ class _Printer:
 
     def typed(self, t: L.VType) -> bool:
         """Whether `t` is a vector outside the function's float32 vector type (`pt_vf`,
-        which has the vector math): those are declared as `pt_v_<dtype>x<lanes>` and only
-        loaded, stored, filled with a literal and passed to instructions."""
-        return t.lanes > 1 and not (t.dtype == dtypes.FLOAT32
+        which has the vector math, at most a 512-bit register): those are declared as
+        `pt_v_<dtype>x<lanes>` and only loaded, stored, filled with a literal and passed to
+        instructions (an AMX tile is a 1 KiB one)."""
+        return t.lanes > 1 and not (t.dtype == dtypes.FLOAT32 and t.lanes <= 16
                                     and self.vector in (None, t))
 
     def typed_name(self, t: L.VType) -> str:
@@ -359,8 +361,8 @@ class _Printer:
             return [f"{name} {st.name};",
                     f"__builtin_memcpy(&{st.name}, &{element}, sizeof {st.name});"]
         if isinstance(v, L.Lit) and t.dtype.name != "bfloat16":
-            return [f"{name} {st.name} = ({name}){{}} + ({t.dtype.c_name})"
-                    f"{cexpr.literal(v.value, t.dtype)};"]
+            literal = cexpr.literal(v.value, t.dtype)
+            return [f"{name} {st.name} = ({name}){{}} + ({t.dtype.c_name}){literal};"]
         if isinstance(v, L.Name) and self.types.get(v.name) == t:
             return [f"{name} {st.name} = {v.name};"]
         raise UnsupportedError(f"the C backend loads, stores and passes {t} vectors to "
@@ -387,7 +389,13 @@ class _Printer:
         self.intrinsics = True
         operands = {f"out{k}": n for k, n in enumerate(st.outputs)}
         operands.update({f"in{k}": n for k, n in enumerate(st.inputs)})
-        return lines + [form.format(**operands)]
+        # Only {outK} and {inK} are placeholders: a form's own braces (a C block) stay.
+        def operand(m: re.Match[str]) -> str:
+            if m.group(1) not in operands:
+                raise IRError(f"the C form of instruction {st.name} names {m.group(0)}, which "
+                              f"it does not have ({', '.join(operands)})")
+            return operands[m.group(1)]
+        return lines + [_OPERAND.sub(operand, form)]
 
     def use_vector(self, t: L.VType) -> None:
         if t.dtype != dtypes.FLOAT32:

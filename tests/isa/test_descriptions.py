@@ -60,9 +60,16 @@ def reference(name: str, *x: np.ndarray) -> np.ndarray:
         a, b = x
         lanes = len(a) // 2
         return wrap32((pairs(a, lanes) * pairs(b, lanes)).sum(1))
-    assert name.startswith("vdpbf16ps")
+    if name.startswith("vdpbf16ps"):
+        acc, a, b = x
+        return acc.astype(np.float64) + (pairs(a, len(acc)) * pairs(b, len(acc))).sum(1)
+    # AMX: C (16 x 16) += A (16 rows of G groups) times B (G rows of 16 column groups)
     acc, a, b = x
-    return acc.astype(np.float64) + (pairs(a, len(acc)) * pairs(b, len(acc))).sum(1)
+    group = len(a) // 256
+    a3 = a.reshape(16, 16, group).astype(np.int64 if a.dtype.kind in "iu" else np.float64)
+    b3 = b.reshape(16, 16, group).astype(a3.dtype)
+    total = acc.reshape(16, 16).astype(a3.dtype) + np.einsum("mgt,gnt->mn", a3, b3)
+    return (wrap32(total) if a3.dtype == np.int64 else total).reshape(-1)
 
 
 def operands(d: Description, seed: int) -> list[np.ndarray]:
@@ -94,14 +101,16 @@ def kernel(d: Description) -> L.Kernel:
 def assert_matches(name: str, got: np.ndarray, want: np.ndarray) -> None:
     if got.dtype.kind in "iu":
         np.testing.assert_array_equal(got, want)
-    else:     # one float32 ulp of the partial sums' magnitude
+    else:     # a float32 rounding per term, of the largest magnitude a lane reaches
+        terms = 32 if "amx" in name else 2
         np.testing.assert_allclose(got.astype(np.float64), want, rtol=0,
-                                   atol=float(np.abs(want).max()) * 2.0**-23 * 2)
+                                   atol=float(np.abs(want).max()) * 2.0**-24 * 4 * terms)
 
 
 def test_every_shipped_description_loads() -> None:
     assert {"vpdpbusd_512", "vpdpbusd_256", "vpmaddwd_256", "vpmaddwd_512",
-            "vdpbf16ps_512", "sdot_neon", "udot_neon"} <= set(DESCRIPTIONS)
+            "vdpbf16ps_512", "sdot_neon", "udot_neon", "tdpbusd_amx", "tdpbssd_amx",
+            "tdpbf16ps_amx"} <= set(DESCRIPTIONS)
     vnni = DESCRIPTIONS["vpdpbusd_512"].definition
     assert [str(t) for t in vnni.inputs] == ["int32x16", "uint8x64", "int8x64"]
     assert [str(t) for t in vnni.outputs] == ["int32x16"]
