@@ -33,9 +33,14 @@ class CX86Backend:
 
     def flags(self, target: Target, toolchain: Toolchain,
               sanitize: Sequence[str]) -> tuple[str, ...]:
-        """The target's cflags with its -O level, -fopenmp where the compiler has it, and
-        the sanitizers' flags."""
+        """The target's cflags with its -O level, -fopenmp where the compiler has it, the
+        flags of the instructions the target has (polytile/isa: a kernel may use them),
+        and the sanitizers' flags."""
+        from polytile.isa import descriptions
         extra = tuple(f for f in target.cflags if not f.startswith("-O"))
+        for d in descriptions():
+            if "c-x86" in d.definition.forms and target.has(d.feature):
+                extra += tuple(f for f in d.cflags if f not in extra)
         opt = next((int(f[2:]) for f in target.cflags if f[:2] == "-O" and f[2:].isdigit()), 3)
         extra += sanitizer_flags(tuple(sanitize))
         return flags_for(toolchain, BuildOptions(opt_level=opt, native=False,

@@ -342,8 +342,9 @@ class _Printer:
     def typed(self, t: L.VType) -> bool:
         """Whether `t` is a vector outside the function's float32 vector type (`pt_vf`,
         which has the vector math, at most a 512-bit register): those are declared as
-        `pt_v_<dtype>x<lanes>` and only loaded, stored, filled with a literal and passed to
-        instructions (an AMX tile is a 1 KiB one)."""
+        `pt_v_<dtype>x<lanes>` and only loaded and stored (whole or their first lanes),
+        filled with a literal, shuffled and passed to instructions (an AMX tile is a 1 KiB
+        one)."""
         return t.lanes > 1 and not (t.dtype == dtypes.FLOAT32 and t.lanes <= 16
                                     and self.vector in (None, t))
 
@@ -356,10 +357,30 @@ class _Printer:
     def define_typed(self, st: L.Let | L.Var) -> list[str]:
         t, name = st.type, self.typed_name(st.type)
         v = st.value
-        if isinstance(v, L.Read) and v.count is None and v.lanes == t.lanes:
+        if isinstance(v, L.Read) and v.lanes == t.lanes:
             element = self.element(v.buffer, v.offset)
-            return [f"{name} {st.name};",
-                    f"__builtin_memcpy(&{st.name}, &{element}, sizeof {st.name});"]
+            if v.count is None:
+                return [f"{name} {st.name};",
+                        f"__builtin_memcpy(&{st.name}, &{element}, sizeof {st.name});"]
+            return [f"{name} {st.name} = {{0}};",
+                    f"__builtin_memcpy(&{st.name}, &{element}, ({self.iexpr(v.count)}) * "
+                    f"sizeof({t.dtype.c_name}));"]
+        small = self.types.get(v.a) if isinstance(v, L.Shuffle) else None
+        if isinstance(v, L.Shuffle) and small is not None and v.a == v.b \
+                and small.lanes * small.dtype.bits in (16, 32, 64) \
+                and v.lanes == tuple(range(small.lanes)) * (t.lanes // small.lanes):
+            # A small vector repeated: one broadcast of it as a word (gcc lowers the
+            # general shuffle of a 4-byte vector through the stack).
+            bits = small.lanes * small.dtype.bits
+            word = self.typed_name(L.VType(dtypes.lookup(f"uint{bits}") or dtypes.UINT32,
+                                           t.lanes * t.dtype.bits // bits))
+            return [f"uint{bits}_t {st.name}_w;",
+                    f"__builtin_memcpy(&{st.name}_w, &{v.a}, sizeof {st.name}_w);",
+                    f"{name} {st.name} = ({name})(({word}){{}} + {st.name}_w);"]
+        if isinstance(v, L.Shuffle) and self.types.get(v.a) == self.types.get(v.b) \
+                and len(v.lanes) == t.lanes:
+            return [f"{name} {st.name} = __builtin_shufflevector({v.a}, {v.b}, "
+                    f"{', '.join(map(str, v.lanes))});"]
         if isinstance(v, L.Lit) and t.dtype.name != "bfloat16":
             literal = cexpr.literal(v.value, t.dtype)
             return [f"{name} {st.name} = ({name}){{}} + ({t.dtype.c_name}){literal};"]
@@ -451,10 +472,11 @@ class _Printer:
         if t.dtype != self.buffers[st.buffer].dtype:
             raise IRError(f"store of {t} {st.value} to a {self.buffers[st.buffer].dtype} buffer")
         if self.typed(t):
-            if st.agg != "assign" or st.count is not None:
-                raise UnsupportedError(f"the C backend stores {t} vectors whole, without "
-                                       "aggregation or a lane count")
-            return [f"__builtin_memcpy(&{element}, &{st.value}, sizeof {st.value});"]
+            if st.agg != "assign":
+                raise UnsupportedError(f"the C backend stores {t} vectors without aggregation")
+            size = (f"sizeof {st.value}" if st.count is None
+                    else f"({self.iexpr(st.count)}) * sizeof({t.dtype.c_name})")
+            return [f"__builtin_memcpy(&{element}, &{st.value}, {size});"]
         if t.lanes == 1:
             return [self.assign(element, st.value, st.agg, t.dtype)]
         value, addr = st.value, f"&{element}"

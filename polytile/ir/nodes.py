@@ -205,6 +205,17 @@ class VectorLoop:
 
 
 @dataclass(frozen=True)
+class Tensorized:
+    """The block runs on a tensorized instruction (polytile/isa): its `lane` index across
+    the instruction's data-parallel lanes, its `reduction` index in the instruction's
+    groups (UNIT's mapping, found by polytile.isa.inspect)."""
+
+    instruction: str
+    lane: str
+    reduction: str
+
+
+@dataclass(frozen=True)
 class BlockSchedule:
     """How a block's iterations run: decided by passes, recorded here as data, printed
     by backends (which decide nothing). The default is plain serial loops.
@@ -226,7 +237,8 @@ class BlockSchedule:
     * gpu: indices mapped to a GPU's grid or threads of a block (GPU_KINDS);
     * prefetch: a vector micro-kernel's data-dependent (gathered) loads are prefetched
       this many iterations of its innermost reduction loop ahead (0: not at all): the
-      rows a gather reads are scattered, so no hardware prefetcher sees them coming.
+      rows a gather reads are scattered, so no hardware prefetcher sees them coming;
+    * tensorize: the block is one tensorized instruction's loop nest (pass `tensorize`).
     """
 
     micro: bool = False
@@ -239,6 +251,7 @@ class BlockSchedule:
     simd: bool = False
     gpu: tuple[tuple[str, str], ...] = ()
     prefetch: int = 0
+    tensorize: Tensorized | None = None
 
 
 @dataclass(frozen=True)

@@ -38,6 +38,7 @@ from polytile.ir.nodes import (
     Statement,
     Store,
     TensorShape,
+    Tensorized,
     VectorLoop,
 )
 from polytile.lang.cursor import TokenCursor
@@ -208,11 +209,11 @@ class _Parser(TokenCursor[_Token]):
             fields[word] = True
             return
         if word not in ("parallel", "vector", "unroll", "order", "transpose", "boundary",
-                        "prefetch", *GPU_KINDS):
+                        "prefetch", "tensorize", *GPU_KINDS):
             raise IRError(f"unknown schedule item {word!r}", item.loc,
                           "items: micro, vector(i, dtype, lanes), boundary(remainders|guarded), "
                           "unroll(i, ...), order(i, ...), transpose(width), parallel(i), simd, "
-                          "grid(i), thread(i), prefetch(distance)")
+                          "grid(i), thread(i), prefetch(distance), tensorize(instruction, i, k)")
         self.expect("(")
         if word in ("unroll", "order"):
             fields[word] = self.listed(")", lambda: self.name("an index"))
@@ -229,6 +230,12 @@ class _Parser(TokenCursor[_Token]):
             fields["transpose"] = self.integer("the panel width")
         elif word == "prefetch":
             fields["prefetch"] = self.integer("the prefetch distance")
+        elif word == "tensorize":
+            name = self.name("the instruction")
+            self.expect(",")
+            lane = self.name("the lane index")
+            self.expect(",")
+            fields["tensorize"] = Tensorized(name, lane, self.name("the reduction index"))
         elif word == "boundary":
             fields["boundary"] = self.name("remainders or guarded")
         else:

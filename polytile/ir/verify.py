@@ -57,6 +57,7 @@ from polytile.ir.nodes import (
     Refinement,
     Special,
     Store,
+    Tensorized,
     VectorLoop,
 )
 from polytile.ir.parser import NAME
@@ -120,6 +121,19 @@ def _check_block(block: Block, parent: Block | None, path: str,
             _check_block(stmt, block, f"{path}/{stmt.name}", target)
 
 
+def _check_tensorize(block: Block, t: Tensorized, path: str) -> None:
+    """The instruction is described, and the inspector maps its lane and reduction loops
+    onto the block's `lane` and `reduction` (the lowering lays out what it maps)."""
+    from polytile.isa import description
+    from polytile.isa.inspect import mappings
+    d = description(t.instruction)
+    if not any([p for _, p in m.loops] == [t.lane, t.reduction]
+               for m in mappings(block, d.name, d.reduction)):
+        raise _fail(path, f"the schedule runs the block on {t.instruction} with lanes along "
+                          f"{t.lane} and groups along {t.reduction}, which the instruction "
+                          "does not compute there")
+
+
 def _check_schedule(block: Block, path: str, target: Target | None) -> None:
     s = block.schedule
     loops = {i.name for i in block.idxs if i.affine is None}
@@ -146,6 +160,8 @@ def _check_schedule(block: Block, path: str, target: Target | None) -> None:
             for st in block.stmts))):
         raise _fail(path, f"prefetch({s.prefetch}) needs a positive distance, a vector "
                           "micro-kernel and a data-dependent load in it")
+    if s.tensorize is not None:
+        _check_tensorize(block, s.tensorize, path)
     if s.vector is not None:
         _check_vector(block, s.vector, path, target)
     if s.parallel and not polyhedra.writes_disjoint(block, s.parallel):

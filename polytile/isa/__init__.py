@@ -120,3 +120,12 @@ def _sizes(text: str, origin: str) -> tuple[tuple[str, int], ...]:
                           f"not {text!r}") from None
     return tuple(out)
 
+
+
+def description(name: str) -> Description:
+    """The shipped description called `name`."""
+    for d in descriptions():
+        if d.name == name:
+            return d
+    raise IRError(f"no instruction description called {name!r}",
+                  hint=f"shipped: {', '.join(d.name for d in descriptions())}")

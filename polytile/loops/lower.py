@@ -177,6 +177,9 @@ class Lowering:
     # ------------------------------------------------------------ blocks
 
     def block(self, blk: Block, outer: Scope, root: bool = False) -> list[L.Stmt]:
+        if blk.schedule.tensorize is not None:
+            from polytile.loops import tensorize
+            return tensorize.lower_block(self, blk, outer)
         if blk.schedule.micro and not root:
             from polytile.loops import transpose, vector
             lowered = (transpose.lower_block(self, blk, outer) if blk.schedule.transpose

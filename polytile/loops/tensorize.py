@@ -1,0 +1,195 @@
+"""The loops of a block that runs on a lane-dot instruction (schedule `tensorize(I, lane,
+reduction)`, set by pass `tensorize`): UNIT's rewriter for vpdpbusd-like instructions,
+whose accumulator has L lanes and whose two operands hold G values per lane.
+
+    block s0 [m:M, n:N, k:K] schedule(tensorize(vpdpbusd_512, n, k)) (
+      out C[m, n]:add   in A[m, k] uint8 (broadcast)   in B[k, n] int8 (packed) )
+
+->  Bp = the packed operand in groups: Bp[(g * N16 + n) * G + t] = B[G*g + t, n], zeros past
+         K and N (allocated and filled once per call);
+    for m (threads, if the schedule says so):
+      for 4 chunks of 16 lanes of n at a time (then single chunks, then a masked tail):
+        acc_j = C[m, n0_j : n0_j + 16]
+        for g < K / G:  a = the G bytes A[m, G*g : G*g + G] in every lane (one 32-bit
+                        broadcast); acc_j = I(acc_j, a, Bp[g, n0_j : n0_j + 16, :])
+        a last, partial group reads only the bytes of A that exist (the rest are 0,
+        and so are Bp's)
+        C[m, n0_j : ...] = acc_j
+
+Four accumulators hide the instruction's latency and share each broadcast. Other output
+loops are looped outside (other reduction loops are not lowered yet: pass `tensorize`
+leaves such blocks alone). The interpreter runs the instruction's TC description, so the
+loops are checked like any others.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from polytile.errors import IRError
+from polytile.ir.nodes import Affine, Block
+from polytile.loops import nodes as L
+from polytile.loops.views import Scope, child_view, fixed_indices, safe
+
+if TYPE_CHECKING:
+    from polytile.loops.lower import Lowering
+
+CHAINS = 4          # chunks of lanes per tile: independent chains of the instruction
+ROWS = 4            # rows per tile: CHAINS x ROWS accumulators, each operand load reused
+COLUMNS = 256       # lanes per block of the packed operand (K x 256 bytes: kept in L2)
+
+
+def lower_block(low: "Lowering", blk: Block, outer: Scope) -> list[L.Stmt]:
+    from polytile.isa import description
+    from polytile.isa.inspect import mappings
+    t = blk.schedule.tensorize
+    assert t is not None
+    d = description(t.instruction)
+    mapping = next((m for m in mappings(blk, d.name, d.reduction)
+                    if [p for _, p in m.loops] == [t.lane, t.reduction]), None)
+    if mapping is None:
+        raise IRError(f"block {blk.name} cannot run on {t.instruction} along "
+                      f"{t.lane} and {t.reduction}")
+    acc_t, a_t, b_t = d.definition.inputs
+    lanes, group = acc_t.lanes, a_t.lanes // acc_t.lanes
+    views = dict(mapping.operands)
+    x_ref, y_ref = blk.ref(views["p1"]), blk.ref(views["p2"])
+    out_ref = next(r for r in blk.refs if r.dir in ("out", "inout"))
+    loops = {i.name: i.range for i in blk.idxs if i.affine is None and i.range > 1}
+    n_lane, n_red = loops[t.lane], loops[t.reduction]
+    written = {n for a in out_ref.access for n in a.names}
+    par = [n for n in loops if n in written and n != t.lane]
+    red = [n for n in loops if n not in written and n != t.reduction]
+    idx = fixed_indices(blk, outer.idx)
+    groups, padded = -(-n_red // group), -(-n_lane // lanes) * lanes
+
+    def view(ref, at):  # type: ignore[no-untyped-def]
+        return child_view(ref, outer.views[ref.from_], {**idx, **at})
+
+    # The packed operand: groups of G values of each lane, zero past the extents.
+    packed = low.fresh("l")
+    g, p, e = low.fresh("i"), low.fresh("i"), low.fresh("i")
+    y = view(y_ref, {t.lane: Affine.index(p), t.reduction: Affine.index(g).scale(group)
+                     + Affine.index(e)})
+    value = low.fresh("s")
+    pack = L.Loop(g, Affine.constant(0), Affine.constant(groups), (
+        L.Loop(p, Affine.constant(0), Affine.constant(n_lane), (
+            L.Loop(e, Affine.constant(0), L.IMin((Affine.constant(group), Affine.constant(
+                n_red) - Affine.index(g).scale(group))), (
+                L.Let(value, L.VType(y.dtype), L.Read(y.ptr, y.offset)),
+                L.Store(packed, (Affine.index(g).scale(padded) + Affine.index(p)).scale(group)
+                        + Affine.index(e), value))),)),))
+
+    def tile(rows: list[dict[str, Affine]], starts: list[tuple[Affine, int | None]]
+             ) -> list[L.Stmt]:
+        """Accumulate a tile: `rows` (indices of the output loops) by chunks of lanes
+        starting at `starts` (each with its lane count, None for all), over every group;
+        a chunk's packed operand is loaded once for all rows, a row's broadcast once for
+        all chunks."""
+        outs = [[view(out_ref, {**row, t.lane: s}) for s, _ in starts] for row in rows]
+        accs = [[low.fresh("acc") for _ in starts] for _ in rows]
+        pre = [L.Var(a, acc_t, L.Read(o.ptr, o.offset, lanes, _count(n)))
+               for row_accs, row_outs in zip(accs, outs)
+               for a, o, (_, n) in zip(row_accs, row_outs, starts)]
+
+        def step(gv: Affine, present: int | None) -> list[L.Stmt]:
+            body: list[L.Stmt] = []
+            chunk = []
+            for start, _ in starts:
+                b = low.fresh("v")
+                body.append(L.Let(b, b_t, L.Read(packed, (gv.scale(padded) + start)
+                                                 .scale(group), b_t.lanes)))
+                chunk.append(b)
+            for row, row_accs in zip(rows, accs):
+                x = view(x_ref, {**row, t.reduction: gv.scale(group)})
+                few, a = low.fresh("v"), low.fresh("v")
+                body += [L.Let(few, L.VType(a_t.dtype, group),
+                               L.Read(x.ptr, x.offset, group, _count(present))),
+                         L.Let(a, a_t, L.Shuffle(few, few, tuple(range(group)) * lanes))]
+                for acc, b in zip(row_accs, chunk):
+                    r = low.fresh("v")
+                    body += [L.Instruction(d.name, (r,), (acc, a, b)),
+                             L.Assign(acc, L.Name(r))]
+            return body
+
+        gvar = low.fresh("i")
+        inner: list[L.Stmt] = []
+        if n_red // group:
+            inner.append(L.Loop(gvar, Affine.constant(0), Affine.constant(n_red // group),
+                                tuple(step(Affine.index(gvar), None))))
+        if n_red % group:
+            inner += step(Affine.constant(n_red // group), n_red % group)
+        post = [L.Store(o.ptr, o.offset, a, "assign", _count(n))
+                for row_accs, row_outs in zip(accs, outs)
+                for a, o, (_, n) in zip(row_accs, row_outs, starts)]
+        return pre + inner + post
+
+    def lanes_of(rows: list[dict[str, Affine]], start: Affine, count: int) -> list[L.Stmt]:
+        """The tiles of lanes [start, start + count): CHAINS chunks at a time, then
+        single chunks, then a masked tail."""
+        full, tail = count // lanes, count % lanes
+        quads = full - full % CHAINS
+        body: list[L.Stmt] = []
+        c = low.fresh("i")
+        if quads:
+            body.append(L.Loop(c, Affine.constant(0), Affine.constant(quads * lanes), tuple(
+                tile(rows, [(start + Affine.index(c) + j * lanes, None)
+                            for j in range(CHAINS)])), step=CHAINS * lanes))
+        c = low.fresh("i")
+        if full % CHAINS:
+            body.append(L.Loop(c, Affine.constant(quads * lanes),
+                               Affine.constant(full * lanes),
+                               tuple(tile(rows, [(start + Affine.index(c), None)])),
+                               step=lanes))
+        if tail:
+            body += tile(rows, [(start + full * lanes, tail)])
+        return body
+
+    if red:
+        raise IRError(f"block {blk.name}: {t.instruction} with reduction loops other than "
+                      f"{t.reduction} is not lowered yet",
+                      hint="pass tensorize leaves such blocks to the vector code")
+    # Output loops: all but the last are looped outside; the last one's rows are taken
+    # ROWS at a time (then one at a time), inside blocks of COLUMNS lanes, so that a block
+    # of the packed operand stays in cache while every row streams past it.
+    outer_vars = {name: low.fresh("i") for name in par[:-1]}
+    at = {name: Affine.index(v) for name, v in outer_vars.items()}
+    columns = min(COLUMNS, n_lane)
+    blocks = n_lane // columns * columns
+
+    def by_rows(start: Affine, count: int) -> list[L.Stmt]:
+        if not par:
+            return lanes_of([at], start, count)
+        last = par[-1]
+        kind = "parallel" if blk.schedule.parallel == last else "serial"
+        many = loops[last] - loops[last] % ROWS
+        out: list[L.Stmt] = []
+        v = low.fresh("i")
+        if many:
+            out.append(L.Loop(v, Affine.constant(0), Affine.constant(many), tuple(lanes_of(
+                [{**at, last: Affine.index(v) + k} for k in range(ROWS)], start, count)),
+                kind, step=ROWS))
+        v = low.fresh("i")
+        if loops[last] % ROWS:
+            out.append(L.Loop(v, Affine.constant(many), Affine.constant(loops[last]), tuple(
+                lanes_of([{**at, last: Affine.index(v)}], start, count)), kind))
+        return out
+
+    nb = low.fresh("i")
+    nest: list[L.Stmt] = [L.Loop(nb, Affine.constant(0), Affine.constant(blocks),
+                                 tuple(by_rows(Affine.index(nb), columns)), step=columns)]
+    if n_lane - blocks:
+        nest += by_rows(Affine.constant(blocks), n_lane - blocks)
+    for name in reversed(par[:-1]):
+        kind = "parallel" if blk.schedule.parallel == name else "serial"
+        nest = [L.Loop(outer_vars[name], Affine.constant(0), Affine.constant(loops[name]),
+                       tuple(nest), kind)]
+    buffer = L.Buffer(packed, b_t.dtype, groups * padded * group, "heap", "global", "zero",
+                      label=f"{safe(y_ref.into)} packed for {t.instruction}")
+    return [L.Comment(f"block {safe(blk.name)}: {t.instruction}, lanes along {t.lane}, "
+                      f"groups along {t.reduction}"),
+            L.Alloc((buffer,), (pack, *nest))]
+
+
+def _count(n: int | None) -> L.IExpr | None:
+    return None if n is None else Affine.constant(n)
+

@@ -1,0 +1,120 @@
+"""tensorize: run contractions on a tensorized instruction of the target (UNIT §IV).
+
+For every top-level contraction, the inspector (polytile.isa.inspect) lists the
+mappings of each instruction the target has; this pass takes the first mapping of a
+lane-dot instruction (one lane loop, one reduction loop: vpdpbusd, vdpbf16ps) that the
+lowering (polytile.loops.tensorize) can lay out:
+
+* the output is unit-stride along the lane loop (an accumulator is stored whole);
+* the broadcast operand is unit-stride along the reduction loop (a group is one load);
+* the other operand reads plain subscripts of the lane and reduction loops and nothing
+  else (it is packed once per call into groups of lanes).
+
+It records `schedule(tensorize(instruction, lane, reduction))` and tags the block
+`tensorized` instead of `kernel`/`contraction`, so the later passes leave it alone;
+`parallel` names the outermost other output loop where the work pays for threads.
+
+    block s0 [i0:M, i1:N, i2:K] #contraction #kernel (    block s0 [i0:M, i1:N, i2:K] #tensorized
+      out o0 <- o0[i0, i1] int32:add                ->      schedule(parallel(i0),
+      in p0 <- p0[i0, i2] uint8                               tensorize(vpdpbusd_512, i1, i2)) (...)
+      in p1 <- p1[i2, i1] int8 )
+
+Parameter: `enabled` (default true).
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from polytile.ir import nodes as N
+from polytile.ir import polyhedra
+from polytile.passes.autotile import PARALLEL_MIN_WORK, work
+from polytile.passes.pipeline import flag, register
+from polytile.targets.target import Target
+
+
+def tensorize(fn: N.Function, target: Target, params: dict[str, Any]) -> N.Function:
+    if not params.get("enabled", True):
+        return fn
+    from polytile.isa import descriptions
+    usable = sorted((d for d in descriptions() if target.has(d.feature)
+                     and "c-x86" in d.definition.forms and lane_dot(d)),
+                    key=lambda d: (-d.definition.inputs[0].lanes, d.name))   # widest first
+    if not usable:
+        return fn
+    stmts = tuple(_tensorized(s, usable) if isinstance(s, N.Block) else s
+                  for s in fn.body.stmts)
+    return replace(fn, body=replace(fn.body, stmts=stmts))
+
+
+def lane_dot(d: Any) -> bool:
+    """An instruction of one accumulator of L lanes and two operands of L groups."""
+    ins, outs = d.definition.inputs, d.definition.outputs
+    return (len(ins) == 3 and len(outs) == 1 and ins[0] == outs[0]
+            and ins[1].lanes == ins[2].lanes and ins[1].lanes % ins[0].lanes == 0)
+
+
+def _tensorized(block: N.Block, usable: list[Any]) -> N.Block:
+    from polytile.isa.inspect import mappings
+    if not {"kernel", "contraction"} <= block.tags or block.constraints \
+            or any(isinstance(s, N.Block) for s in block.stmts):
+        return block
+    for d in usable:
+        for m in mappings(block, d.name, d.reduction):
+            if len(m.loops) != 2:
+                continue
+            (_, lane), (_, red) = m.loops
+            # The description's parameters are acc, a, b: views p1 and p2 of its reduction
+            # (acc is read by its first statement only).
+            views = dict(m.operands)
+            broadcast, packed = views["p1"], views["p2"]
+            if m.broadcast != ("p1",):
+                continue
+            if layable(block, lane, red, broadcast, packed) and _one_reduction(block, red):
+                return _record(block, N.Tensorized(d.name, lane, red))
+    return block
+
+
+def layable(block: N.Block, lane: str, red: str, broadcast: str, packed: str) -> bool:
+    """Whether the lowering can lay the operands out (see the module docstring)."""
+    out = next(r for r in block.refs if r.dir in ("out", "inout"))
+    return (_unit(out, lane) and _unit(block.ref(broadcast), red)
+            and _plain(block.ref(packed), {lane, red}))
+
+
+def _one_reduction(block: N.Block, red: str) -> bool:
+    """The instruction's groups are the block's only reduction (the lowering loops no
+    other one yet)."""
+    out = next(r for r in block.refs if r.dir in ("out", "inout"))
+    written = {n for a in out.access for n in a.names}
+    return all(i.name in written or i.name == red or i.range == 1
+               for i in block.idxs if i.affine is None)
+
+
+def _unit(ref: N.Refinement, index: str) -> bool:
+    """`index` moves `ref` by one element: alone, coefficient 1, in a dimension of stride 1."""
+    dims = [d for d, a in enumerate(ref.access) if a.coeff(index)]
+    return (len(dims) == 1 and ref.access[dims[0]] == N.Affine.index(index)
+            and ref.shape.dims[dims[0]].stride == 1)
+
+
+def _plain(ref: N.Refinement, indices: set[str]) -> bool:
+    """Every subscript of `ref` is a constant or one of `indices` alone."""
+    return all(not a.terms or (len(a.terms) == 1 and a.terms[0][0] in indices
+                               and a.terms[0][1] == 1 and a.const == 0) for a in ref.access)
+
+
+def _record(block: N.Block, t: N.Tensorized) -> N.Block:
+    out = next(r for r in block.refs if r.dir in ("out", "inout"))
+    written = {n for a in out.access for n in a.names}
+    outer = [i.name for i in block.idxs if i.affine is None and i.name in written
+             and i.name != t.lane and i.range > 1]
+    parallel = None
+    if outer and work(block) >= PARALLEL_MIN_WORK \
+            and polyhedra.writes_disjoint(block, outer[0]):
+        parallel = outer[0]
+    tags = (block.tags - {"kernel", "contraction"}) | {"tensorized"}
+    return replace(block, tags=tags, schedule=N.BlockSchedule(parallel=parallel, tensorize=t))
+
+
+register("tensorize", tensorize, enabled=flag)
