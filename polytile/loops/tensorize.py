@@ -7,19 +7,22 @@ whose accumulator has L lanes and whose two operands hold G values per lane.
 
 ->  Bp = the packed operand in groups: Bp[(g * N16 + n) * G + t] = B[G*g + t, n], zeros past
          K and N (allocated and filled once per call);
-    for m (threads, if the schedule says so):
-      for 4 chunks of 16 lanes of n at a time (then single chunks, then a masked tail):
-        acc_j = C[m, n0_j : n0_j + 16]
-        for g < K / G:  a = the G bytes A[m, G*g : G*g + G] in every lane (one 32-bit
-                        broadcast); acc_j = I(acc_j, a, Bp[g, n0_j : n0_j + 16, :])
-        a last, partial group reads only the bytes of A that exist (the rest are 0,
-        and so are Bp's)
-        C[m, n0_j : ...] = acc_j
+    for blocks of 256 lanes of n (a block of Bp stays in L2 while every row passes):
+      for 4 rows of m at a time (threads, if the schedule says so; then single rows):
+        for 4 chunks of 16 lanes at a time (then single chunks, then a masked tail):
+          acc[i][j] = C[m_i, n0_j : n0_j + 16]
+          for g < K / G:  b_j = Bp[g, n0_j : n0_j + 16, :] (one load for the 4 rows);
+                          a_i = the G bytes A[m_i, G*g : G*g + G] in every lane (one
+                          word broadcast for the 4 chunks); acc[i][j] = I(acc[i][j], a_i, b_j)
+          a last, partial group reads only the bytes of A that exist (the rest are 0,
+          and so are Bp's)
+          C[m_i, n0_j : ...] = acc[i][j]
 
-Four accumulators hide the instruction's latency and share each broadcast. Other output
-loops are looped outside (other reduction loops are not lowered yet: pass `tensorize`
-leaves such blocks alone). The interpreter runs the instruction's TC description, so the
-loops are checked like any others.
+Sixteen accumulators hide the instruction's latency. Other output loops are looped
+outside (other reduction loops are not lowered yet: pass `tensorize` leaves such blocks
+alone). The tile (ROWS x CHAINS) and the block (COLUMNS) are constants of this lowering,
+not yet schedule fields the tuner could change. The interpreter runs the instruction's
+TC description, so the loops are checked like any others.
 """
 from __future__ import annotations
 
@@ -38,7 +41,7 @@ ROWS = 4            # rows per tile: CHAINS x ROWS accumulators, each operand lo
 COLUMNS = 256       # lanes per block of the packed operand (K x 256 bytes: kept in L2)
 
 
-def lower_block(low: "Lowering", blk: Block, outer: Scope) -> list[L.Stmt]:
+def lower_block(low: Lowering, blk: Block, outer: Scope) -> list[L.Stmt]:
     from polytile.isa import description
     from polytile.isa.inspect import mappings
     t = blk.schedule.tensorize
