@@ -372,8 +372,8 @@ class _Printer:
             # A small vector repeated: one broadcast of it as a word (gcc lowers the
             # general shuffle of a 4-byte vector through the stack).
             bits = small.lanes * small.dtype.bits
-            word = self.typed_name(L.VType(dtypes.lookup(f"uint{bits}") or dtypes.UINT32,
-                                           t.lanes * t.dtype.bits // bits))
+            unsigned = {16: dtypes.UINT16, 32: dtypes.UINT32, 64: dtypes.UINT64}[bits]
+            word = self.typed_name(L.VType(unsigned, t.lanes * t.dtype.bits // bits))
             return [f"uint{bits}_t {st.name}_w;",
                     f"__builtin_memcpy(&{st.name}_w, &{v.a}, sizeof {st.name}_w);",
                     f"{name} {st.name} = ({name})(({word}){{}} + {st.name}_w);"]
@@ -390,7 +390,8 @@ class _Printer:
                                f"instructions, but cannot compute {type(v).__name__} on them")
 
     def instruction(self, st: L.Instruction) -> list[str]:
-        """The instruction's C form (`forms["c-x86"]`), after declaring its outputs."""
+        """The instruction's C form for this printer (`forms["c-x86"]` or
+        `forms["c-arm64"]`), after declaring its outputs."""
         definition = instruction(st.name)
         form = definition.forms.get(self.forms)
         if form is None:
