@@ -105,7 +105,7 @@ def reduction_block(fn: N.Function) -> N.Block:
     output and a loop the output does not depend on."""
     found = []
     for block in _leaves(fn.body):
-        out = _output(block)
+        out = output(block)
         if out is not None and out.agg != "assign" and _kinds(block, out)[1]:
             found.append(block)
     if len(found) != 1:
@@ -118,7 +118,7 @@ def reduction_block(fn: N.Function) -> N.Block:
 def mappings(block: N.Block, name: str, description: N.Block) -> list[Mapping]:
     """Every feasible mapping of instruction `name` (whose reduction statement is
     `description`) onto the program's leaf `block`."""
-    out_p, out_d = _output(block), _output(description)
+    out_p, out_d = output(block), output(description)
     if out_p is None or out_d is None or out_p.agg != out_d.agg \
             or out_p.shape.dtype != out_d.shape.dtype:
         return []
@@ -186,7 +186,7 @@ def _feasible(db: N.Block, pb: N.Block, bindings: dict[str, str], loops: dict[st
     """The description views broadcast under `loops`, or None if it is infeasible."""
     broadcast = set()
     for dv, pv in bindings.items():
-        d_uses, p_uses = _uses(db.ref(dv)), _uses(pb.ref(pv))
+        d_uses, p_uses = uses(db.ref(dv)), uses(pb.ref(pv))
         for d_loop, p_loop in loops.items():
             if d_loop in d_uses and p_loop not in p_uses:
                 if d_loop not in parallel:
@@ -201,15 +201,17 @@ def _kinds(block: N.Block, out: N.Refinement) -> tuple[list[str], list[str]]:
     """The block's loops as (data-parallel, reduction), in block order; a loop of one
     iteration is no loop for an instruction to take."""
     loops = [i.name for i in block.idxs if i.affine is None and i.range > 1]
-    written = _uses(out)
+    written = uses(out)
     return [n for n in loops if n in written], [n for n in loops if n not in written]
 
 
-def _uses(ref: N.Refinement) -> set[str]:
+def uses(ref: N.Refinement) -> set[str]:
+    """The indices a view's origin depends on."""
     return {n for a in ref.access for n in a.names}
 
 
-def _output(block: N.Block) -> N.Refinement | None:
+def output(block: N.Block) -> N.Refinement | None:
+    """The view a leaf block stores to, if it has one store."""
     stores = [s for s in block.stmts if isinstance(s, N.Store)]
     return block.ref(stores[0].ref) if len(stores) == 1 else None
 

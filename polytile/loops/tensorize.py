@@ -43,7 +43,7 @@ COLUMNS = 256       # lanes per block of the packed operand (K x 256 bytes: kept
 
 def lower_block(low: Lowering, blk: Block, outer: Scope) -> list[L.Stmt]:
     from polytile.isa import description
-    from polytile.isa.inspect import mappings
+    from polytile.isa.inspect import mappings, output, uses
     t = blk.schedule.tensorize
     assert t is not None
     d = description(t.instruction)
@@ -56,10 +56,11 @@ def lower_block(low: Lowering, blk: Block, outer: Scope) -> list[L.Stmt]:
     lanes, group = acc_t.lanes, a_t.lanes // acc_t.lanes
     views = dict(mapping.operands)
     x_ref, y_ref = blk.ref(views["p1"]), blk.ref(views["p2"])
-    out_ref = next(r for r in blk.refs if r.dir in ("out", "inout"))
+    out_ref = output(blk)
+    assert out_ref is not None             # the inspector mapped a store
     loops = {i.name: i.range for i in blk.idxs if i.affine is None and i.range > 1}
     n_lane, n_red = loops[t.lane], loops[t.reduction]
-    written = {n for a in out_ref.access for n in a.names}
+    written = uses(out_ref)
     par = [n for n in loops if n in written and n != t.lane]
     red = [n for n in loops if n not in written and n != t.reduction]
     idx = fixed_indices(blk, outer.idx)

@@ -32,7 +32,7 @@ from polytile.passes.tile import substitute_local
 from polytile.targets.target import Target
 
 
-def _unit(ref: N.Refinement, index: str) -> int | None:
+def unit_dim(ref: N.Refinement, index: str) -> int | None:
     """The dimension in which `index` appears alone with coefficient 1, if exactly one."""
     dims = [d for d, a in enumerate(ref.access) if a.coeff(index)]
     if len(dims) != 1 or ref.access[dims[0]] != N.Affine.index(index):
@@ -55,14 +55,14 @@ def _plan(block: N.Block, top: dict[str, N.Refinement], lanes: int, min_reuse: i
     reduction = math.prod(r for n, r in ranges.items() if not _is_parallel(block, n))
     if reduction > max_reduction:
         return None     # long reductions amortize a dot-product kernel's horizontal sums
-    v = next((n for n in ranges if _unit(out, n) == len(out.access) - 1), None)
+    v = next((n for n in ranges if unit_dim(out, n) == len(out.access) - 1), None)
     if v is None or ranges[v] < lanes or not _is_parallel(block, v):
         return None
     packs = []
     for ref in block.refs:
         if ref.dir != "in" or not any(a.coeff(v) for a in ref.access):
             continue
-        d = _unit(ref, v)
+        d = unit_dim(ref, v)
         if d is None or ref.from_ not in top:
             return None
         if ref.shape.dims[d].stride == 1:
@@ -146,7 +146,7 @@ class _Copy:
     shape: N.TensorShape
 
     @staticmethod
-    def of(block: N.Block, ref: N.Refinement, d: int, width: int) -> "_Copy":
+    def of(block: N.Block, ref: N.Refinement, d: int, width: int) -> _Copy:
         loops = {i.name: i.range for i in block.idxs if i.affine is None}
         looped = tuple(j for j, a in enumerate(ref.access) if j != d and set(a.names) & set(loops))
         ranges = {j: loops[ref.access[j].names[0]] for j in (*looped, d)}

@@ -28,7 +28,10 @@ from typing import Any
 
 from polytile.ir import nodes as N
 from polytile.ir import polyhedra
+from polytile.isa import Description, descriptions
+from polytile.isa.inspect import mappings, output, uses
 from polytile.passes.autotile import PARALLEL_MIN_WORK, work
+from polytile.passes.pack import unit_dim
 from polytile.passes.pipeline import flag, register
 from polytile.targets.target import Target
 
@@ -36,7 +39,6 @@ from polytile.targets.target import Target
 def tensorize(fn: N.Function, target: Target, params: dict[str, Any]) -> N.Function:
     if not params.get("enabled", True):
         return fn
-    from polytile.isa import descriptions
     usable = sorted((d for d in descriptions() if target.has(d.feature)
                      and "c-x86" in d.definition.forms and lane_dot(d)),
                     key=lambda d: (-d.definition.inputs[0].lanes, d.name))   # widest first
@@ -47,15 +49,14 @@ def tensorize(fn: N.Function, target: Target, params: dict[str, Any]) -> N.Funct
     return replace(fn, body=replace(fn.body, stmts=stmts))
 
 
-def lane_dot(d: Any) -> bool:
+def lane_dot(d: Description) -> bool:
     """An instruction of one accumulator of L lanes and two operands of L groups."""
     ins, outs = d.definition.inputs, d.definition.outputs
     return (len(ins) == 3 and len(outs) == 1 and ins[0] == outs[0]
             and ins[1].lanes == ins[2].lanes and ins[1].lanes % ins[0].lanes == 0)
 
 
-def _tensorized(block: N.Block, usable: list[Any]) -> N.Block:
-    from polytile.isa.inspect import mappings
+def _tensorized(block: N.Block, usable: list[Description]) -> N.Block:
     if not {"kernel", "contraction"} <= block.tags or block.constraints \
             or any(isinstance(s, N.Block) for s in block.stmts):
         return block
@@ -77,25 +78,24 @@ def _tensorized(block: N.Block, usable: list[Any]) -> N.Block:
 
 def layable(block: N.Block, lane: str, red: str, broadcast: str, packed: str) -> bool:
     """Whether the lowering can lay the operands out (see the module docstring)."""
-    out = next(r for r in block.refs if r.dir in ("out", "inout"))
-    return (_unit(out, lane) and _unit(block.ref(broadcast), red)
+    out = output(block)
+    return (out is not None and _unit(out, lane) and _unit(block.ref(broadcast), red)
             and _plain(block.ref(packed), {lane, red}))
 
 
 def _one_reduction(block: N.Block, red: str) -> bool:
     """The instruction's groups are the block's only reduction (the lowering loops no
     other one yet)."""
-    out = next(r for r in block.refs if r.dir in ("out", "inout"))
-    written = {n for a in out.access for n in a.names}
+    out = output(block)
+    written = uses(out) if out is not None else set()
     return all(i.name in written or i.name == red or i.range == 1
                for i in block.idxs if i.affine is None)
 
 
 def _unit(ref: N.Refinement, index: str) -> bool:
     """`index` moves `ref` by one element: alone, coefficient 1, in a dimension of stride 1."""
-    dims = [d for d, a in enumerate(ref.access) if a.coeff(index)]
-    return (len(dims) == 1 and ref.access[dims[0]] == N.Affine.index(index)
-            and ref.shape.dims[dims[0]].stride == 1)
+    d = unit_dim(ref, index)
+    return d is not None and ref.shape.dims[d].stride == 1
 
 
 def _plain(ref: N.Refinement, indices: set[str]) -> bool:
@@ -105,8 +105,8 @@ def _plain(ref: N.Refinement, indices: set[str]) -> bool:
 
 
 def _record(block: N.Block, t: N.Tensorized) -> N.Block:
-    out = next(r for r in block.refs if r.dir in ("out", "inout"))
-    written = {n for a in out.access for n in a.names}
+    out = output(block)
+    written = uses(out) if out is not None else set()
     outer = [i.name for i in block.idxs if i.affine is None and i.name in written
              and i.name != t.lane and i.range > 1]
     parallel = None
