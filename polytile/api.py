@@ -327,3 +327,57 @@ def tune(fn: TCFunction, *args: Any, out: Any = None, **settings: Any) -> "TuneR
 
 
 __all__ = ["define", "Module", "TCFunction", "PolytileError", "dtypes", "tune"]
+
+
+def grad(fn: TCFunction, saved: bool = False) -> Module:
+    """The gradient of a TC function, as a Module with one function, `<name>_grad`.
+
+    It takes `fn`'s arguments followed by one gradient per floating-point output (with
+    `saved=True`, the saved forward values in between: see polytile.autodiff) and
+    returns the gradient of each floating-point input, in order. Its TC text is
+    `grad(fn).source`; it compiles, tunes and caches like any TC function.
+    """
+    from polytile.autodiff import backward
+    derived = backward(fn.fn, saved=saved)
+    compiler = fn.compiler
+    module = define(derived.source, backend=fn.backend, name=f"<grad of {fn.name}>",
+                    target=compiler.target.name if compiler else None,
+                    config=compiler.config if compiler else None)
+    inner = module._functions[derived.name]
+    checked = _SeededFunction(inner.fn, inner.backend, inner.compiler, forward=fn.fn,
+                              seeds=tuple(o for o, _ in derived.seeds), saved=derived.saved)
+    module._functions[derived.name] = checked
+    module.__dict__[derived.name] = checked
+    return module
+
+
+@dataclass
+class _SeededFunction(TCFunction):
+    """A gradient function: checks that the output gradients it is given have the
+    forward outputs' shapes (the TC declares them with sizes of their own) before it runs."""
+
+    forward: P.Function | None = None
+    seeds: tuple[str, ...] = ()
+    saved: tuple[str, ...] = ()
+    _expected: dict[tuple, tuple[tuple[int, ...], ...]] = field(default_factory=dict)
+
+    def __call__(self, *args: Any, out: Any = None, tune: Any = False, **unknown: Any) -> Any:
+        assert self.forward is not None
+        n = len(self.forward.params)
+        if len(args) == len(self.fn.params):
+            shapes = tuple(tuple(np.shape(a)) for a in args[:n])
+            expected = self._expected.get(shapes)
+            if expected is None:
+                tensors = {p.name: s for p, s in zip(self.forward.params, shapes)
+                           if p.kind == "input"}
+                scalars = {p.name: a for p, a in zip(self.forward.params, args)
+                           if p.kind == "scalar"}
+                spec = specialize(self.forward, tensors, scalars)
+                expected = self._expected[shapes] = tuple(spec.shape(o) for o in self.seeds)
+            given = args[len(args) - len(self.seeds):]
+            for name, want, arg in zip(self.seeds, expected, given):
+                if tuple(np.shape(arg)) != want:
+                    raise ArgumentError(
+                        f"the gradient of {name} has shape {tuple(np.shape(arg))}, but "
+                        f"{self.forward.name} gives {name} the shape {want}", self.forward.loc)
+        return super().__call__(*args, out=out, tune=tune, **unknown)

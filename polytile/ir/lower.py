@@ -113,7 +113,11 @@ class _Statement:
     def lhs_ref(self, agg: str, direction: str) -> N.Refinement:
         tensor = ir_name(self.st.tensor)
         parent = self.shapes[tensor]
-        access = tuple(self.index_affine(i) for i in self.st.indices)
+        if self.st.scatter:
+            lins = [R.linearize(x) for x in self.st.scatter]
+            access = tuple(self.affine(lin) for lin in lins if lin is not None)
+        else:
+            access = tuple(self.index_affine(i) for i in self.st.indices)
         return N.Refinement(direction, tensor, tensor, access,
                             N.TensorShape(parent.dtype, tuple(N.Dim(1, d.stride)
                                                               for d in parent.dims)), agg)
@@ -144,7 +148,8 @@ class _Statement:
             value = cast
         self.stmts.append(N.Store(lhs.into, value))
         refs = [lhs] + [r for key, r in self.refs.items() if r is not lhs]
-        kind = "contraction" if st.reduction_indices else "elementwise"
+        kind = ("scatter" if st.scatter else "contraction" if st.reduction_indices
+                else "elementwise")
         names = tuple(n for n, _, _ in self.ranges)
         return N.Block(self.name, self.idxs(names), (), tuple(refs), tuple(self.stmts),
                        frozenset({"kernel", kind}))

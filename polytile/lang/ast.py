@@ -115,7 +115,10 @@ ASSIGN_OPS = ("=", "+=", "*=", "min=", "max=")
 
 @dataclass(frozen=True)
 class Assign:
-    """`T(i, j) op rhs [where ...]`; `op` is one of ASSIGN_OPS, `init` marks the `!` form."""
+    """`T(i, j) op rhs [where ...]`; `op` is one of ASSIGN_OPS, `init` marks the `!` form.
+
+    A left-hand side subscripted by anything but plain names (`dX(h + r) += ...`) is a
+    scatter: `indices` is empty and `scatter` holds the subscripts (sema checks them)."""
 
     tensor: str
     indices: tuple[Name, ...]
@@ -124,6 +127,7 @@ class Assign:
     rhs: Expr
     where: tuple[WhereClause, ...] = ()
     loc: SourceLoc = _loc()
+    scatter: tuple[Expr, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -150,8 +150,13 @@ class _Parser(TokenCursor[Token]):
             self.expect("=")
             return self.call_def(tuple(outs), start)
         indices: tuple[ast.Name, ...] = ()
+        scatter: tuple[ast.Expr, ...] = ()
         if self.accept("("):
-            indices = self.comma_list(self.lhs_index, ")")
+            subscripts = self.comma_list(self.expr, ")")
+            if all(isinstance(x, ast.Name) for x in subscripts):
+                indices = subscripts      # type: ignore[assignment]
+            else:
+                scatter = subscripts
         if self.tok.kind != "op" or self.tok.text not in _REDUCTIONS:
             raise self.error("'=' or a reduction (+=, *=, min=, max=, +=!, ...)")
         op, init = _REDUCTIONS[self.advance().text]
@@ -162,7 +167,7 @@ class _Parser(TokenCursor[Token]):
             where.append(self.where_clause())
             while self.accept(","):
                 where.append(self.where_clause())
-        return ast.Assign(tensor.text, indices, op, init, rhs, tuple(where), start)
+        return ast.Assign(tensor.text, indices, op, init, rhs, tuple(where), start, scatter)
 
     def call_def(self, outs: tuple[ast.Name, ...], start: SourceLoc) -> ast.CallDef:
         func = self.expect_name("the name of the called function")
@@ -173,12 +178,6 @@ class _Parser(TokenCursor[Token]):
     def plain_name(self) -> ast.Name:
         tok = self.expect_name()
         return ast.Name(tok.text, tok.loc)
-
-    def lhs_index(self) -> ast.Name:
-        if self.tok.kind != "name" or self.peek().text not in (",", ")"):
-            raise self.error("an index variable", "left-hand sides are indexed by plain "
-                             "index names, e.g. `C(i, j) = ...`")
-        return self.plain_name()
 
     def where_clause(self) -> ast.WhereClause:
         tok = self.tok

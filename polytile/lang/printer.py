@@ -40,7 +40,8 @@ def format_stmt(s: ast.Stmt) -> str:
         outs = ", ".join(n.name for n in s.outputs)
         args = ", ".join(n.name for n in s.args)
         return f"({outs}) = {s.func}({args})"
-    lhs = f"{s.tensor}({', '.join(i.name for i in s.indices)})"
+    subscripts = s.scatter or s.indices
+    lhs = f"{s.tensor}({', '.join(format_expr(i) for i in subscripts)})"
     text = f"{lhs} {s.op}{'!' if s.init else ''} {format_expr(s.rhs)}"
     if s.where:
         text += " where " + ", ".join(_where(w) for w in s.where)

@@ -15,6 +15,7 @@ from polytile.deep import retry_deep
 from polytile.dtypes import DType
 from polytile.errors import (CausalityError, NameResolutionError, RangeInferenceError,
                              TypeCheckError, UnsupportedError)
+from polytile.errors import SourceLoc
 from polytile.lang import ast
 from polytile.sema import program as P
 from polytile.sema import ranges as R
@@ -94,6 +95,12 @@ class _Function:
                                  "write the result to an output or a new temporary")
         if s.tensor in self.sizes:
             raise TypeCheckError(f"{s.tensor} is a size and cannot be assigned", s.loc)
+        if s.scatter and (s.op != "+=" or s.init):
+            raise TypeCheckError(
+                f"{s.tensor} is indexed by an expression on the left-hand side (a scatter), "
+                f"which only `+=` may do", _loc_of(s.scatter, s.loc),
+                "index the left-hand side by plain names, e.g. `C(i, j) = ...`, or "
+                "accumulate with `+=` into a tensor written before")
         names = [i.name for i in s.indices]
         for i, idx in enumerate(s.indices):
             if idx.name in names[:i]:
@@ -102,10 +109,11 @@ class _Function:
             if idx.name in self.sizes or idx.name in self.scalars or idx.name in self.shapes:
                 raise TypeCheckError(f"{idx.name} is a size, argument or tensor, not an index",
                                      idx.loc)
-        rank = ranks.setdefault(s.tensor, len(s.indices))
-        if rank != len(s.indices):
+        written = len(s.scatter or s.indices)
+        rank = ranks.setdefault(s.tensor, written)
+        if rank != written:
             raise TypeCheckError(f"{s.tensor} is written with {rank} indices elsewhere but "
-                                 f"{len(s.indices)} here", s.loc)
+                                 f"{written} here", s.loc)
 
     def build(self) -> P.Function:
         self.signature()
@@ -217,12 +225,12 @@ class _Function:
                 continue
             bounds = []
             for e in (w.lo, w.hi):
-                lin = R.linearize(T.finalize(T.resolve(e, scope), w.loc))
-                if lin is None or lin.coeffs:
+                value = R.bound(T.finalize(T.resolve(e, scope), w.loc))
+                if value is None:
                     raise RangeInferenceError(
                         f"the bounds of {w.index} must be integer expressions of sizes, "
                         "constants and integer arguments", w.loc)
-                bounds.append(lin.const)
+                bounds.append(value)
             if any(name == w.index for name, _ in out):
                 raise RangeInferenceError(f"{w.index} has two where ranges", w.loc)
             out.append((w.index, P.Range(bounds[0], bounds[1])))
@@ -231,10 +239,15 @@ class _Function:
     def infer_ranges(self, typed: list, stmts: list[ast.Assign]
                      ) -> tuple[list[P.Statement], dict[str, tuple[SizeExpr, ...]]]:
         infos = []
+        scatters: list[tuple[P.TExpr, ...]] = []
         for s, (rhs, exists, scope) in zip(stmts, typed):
             accesses = [R.Access(r.tensor, r.indices, r.loc) for r in T.reads(rhs)]
             accesses += [R.Access(r.tensor, r.indices, r.loc) for r in exists]
             order = [i.name for i in s.indices]
+            scatter = self.scatter_subscripts(s, scope)
+            if scatter:
+                # The written tensor's bounds take part in inference like a read's.
+                accesses.append(R.Access(s.tensor, scatter, s.loc))
             for a in accesses:
                 for sub in a.subscripts:
                     order += sorted(T.index_names(sub) - set(order))
@@ -249,6 +262,7 @@ class _Function:
             infos.append(R.StatementInfo(s.tensor, tuple(i.name for i in s.indices),
                                          tuple(dict.fromkeys(order)), tuple(accesses), where,
                                          tuple(scope.index_locs.items()), s.loc))
+            scatters.append(scatter)
         shapes = dict(self.shapes)
         done: dict[int, dict[str, P.Range]] = {}
         progress = True
@@ -262,7 +276,7 @@ class _Function:
                     continue
                 done[k] = found
                 progress = True
-                if info.lhs_tensor not in shapes:
+                if info.lhs_tensor not in shapes and not scatters[k]:
                     shapes[info.lhs_tensor] = tuple(found[i].hi for i in info.lhs_indices)
         for k, info in enumerate(infos):
             if k not in done:
@@ -270,6 +284,11 @@ class _Function:
                 raise R.explain_unresolved(info, unresolved, shapes)
         statements = []
         for k, (s, info) in enumerate(zip(stmts, infos)):
+            if scatters[k] and s.tensor not in shapes:
+                raise RangeInferenceError(
+                    f"the shape of {s.tensor} is not known where it is scattered into",
+                    s.loc, f"declare it as an output, e.g. `-> (float(N) {s.tensor})`, or "
+                    "write it with a plainly indexed statement first")
             ranges = done[k]
             for name, r in ranges.items():
                 span = r.hi - r.lo
@@ -280,8 +299,26 @@ class _Function:
                         "(a range `where i in lo:hi` is half-open and needs hi > lo)")
             statements.append(P.Statement(s.tensor, info.lhs_indices, s.op, s.init,
                                           typed[k][0],
-                                          tuple((i, ranges[i]) for i in info.indices), s.loc))
+                                          tuple((i, ranges[i]) for i in info.indices), s.loc,
+                                          scatters[k]))
         return statements, shapes
+
+    def scatter_subscripts(self, s: ast.Assign, scope: T.Scope) -> tuple[P.TExpr, ...]:
+        """A scatter's left-hand subscripts, typed; each must be affine in the indices."""
+        subs = []
+        for x in s.scatter:
+            loc = getattr(x, "loc", s.loc)
+            e = T.finalize(T.resolve(x, scope), loc)
+            if not e.dtype.is_integral:
+                raise TypeCheckError(f"subscript of {s.tensor} is {e.dtype}, not an integer",
+                                     loc)
+            if R.linearize(e) is None:
+                raise UnsupportedError(
+                    f"{s.tensor} is scattered into at a subscript that is not affine in the "
+                    "indices", loc, "a scatter's subscripts are sums of indices times sizes "
+                    "or constants; data-dependent scatter is not supported yet")
+            subs.append(e)
+        return tuple(subs)
 
     # ------------------------------------------------------------ checks
     def check_order(self, stmts: list[ast.Assign], typed: list) -> set[str]:
@@ -325,6 +362,10 @@ class _Function:
         for r in T.reads(st.rhs):
             if r.tensor != s.tensor:
                 continue
+            if st.scatter:
+                raise CausalityError(f"a scatter into {s.tensor} reads {s.tensor}", r.loc,
+                                     f"write the result to a new tensor instead of "
+                                     f"{s.tensor}")
             same = all(isinstance(x, P.IndexVar) and x.name == i
                        for x, i in zip(r.indices, st.indices))
             if same and not st.reduction_indices:
@@ -335,6 +376,12 @@ class _Function:
             raise CausalityError(f"in-place update of {s.tensor} reads {shown}, which {why}",
                                  r.loc, f"write the result to a new tensor instead of "
                                  f"{s.tensor}")
+
+
+def _loc_of(exprs: tuple[ast.Expr, ...], default: SourceLoc) -> SourceLoc:
+    """Where the first non-name subscript is."""
+    first = next((x for x in exprs if not isinstance(x, ast.Name)), None)
+    return getattr(first, "loc", default) if first is not None else default
 
 
 def _show(e: P.TExpr) -> str:

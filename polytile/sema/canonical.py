@@ -28,7 +28,8 @@ def alpha_rename(fn: P.Function) -> P.Function:
         idx = {name: f"i{k}" for k, (name, _) in enumerate(st.ranges)}
         statements.append(P.Statement(
             names[st.tensor], tuple(idx[i] for i in st.indices), st.op, st.init,
-            _expr(st.rhs, names, idx), tuple((idx[n], r) for n, r in st.ranges), st.loc))
+            _expr(st.rhs, names, idx), tuple((idx[n], r) for n, r in st.ranges), st.loc,
+            tuple(_expr(x, names, idx) for x in st.scatter)))
     return P.Function("kernel", tuple(tensor(t) for t in fn.params),
                       tuple(tensor(t) for t in fn.outputs), tuple(tensor(t) for t in fn.temps),
                       tuple(statements), fn.sizes, frozenset(names[n] for n in fn.inout),

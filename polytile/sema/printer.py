@@ -58,7 +58,8 @@ def format_function(fn: P.Function, spec: Specialized | None = None) -> str:
         lines.append("  in/out (pass with out=): " + ", ".join(sorted(fn.inout)))
     for k, st in enumerate(fn.statements):
         op = st.op + ("!" if st.init else "")
-        text = f"{st.tensor}({', '.join(st.indices)}) {op} {format_expr(st.rhs)}"
+        subscripts = [format_expr(x) for x in st.scatter] or list(st.indices)
+        text = f"{st.tensor}({', '.join(subscripts)}) {op} {format_expr(st.rhs)}"
         if spec is not None:
             ranges = ", ".join(f"{n} in {lo}:{hi}" for n, lo, hi in spec.ranges[k])
         else:

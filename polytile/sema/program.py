@@ -101,6 +101,9 @@ class Statement:
     rhs: TExpr
     ranges: tuple[tuple[str, Range], ...]   # left-hand indices first, then reduction indices
     loc: SourceLoc = _loc()
+    # A scatter (`dX(h + r) += e`): the left-hand side's affine subscripts; `indices` is
+    # then empty and every index is iterated and combined with `+=`.
+    scatter: tuple["TExpr", ...] = ()
 
     @property
     def reduction_indices(self) -> tuple[str, ...]:

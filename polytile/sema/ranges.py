@@ -72,6 +72,30 @@ def linearize(e: P.TExpr) -> Linear | None:
     return None
 
 
+def bound(e: P.TExpr) -> SizeExpr | None:
+    """A range bound: an expression of sizes, constants and integer arguments, with
+    `/` by a positive constant (rounding down) and `min`/`max` besides sums and
+    products; None otherwise."""
+    lin = linearize(e)
+    if lin is not None:
+        return None if lin.coeffs else lin.const
+    ops = ("add", "sub", "mul", "neg", "div", "fmin", "fmax")
+    if not isinstance(e, P.Op) or e.op not in ops or not e.dtype.is_integral:
+        return None
+    parts = [bound(a) for a in e.args]
+    if any(p is None for p in parts):
+        return None
+    if e.op == "neg":
+        return -parts[0]                              # type: ignore[operator]
+    a, b = parts
+    assert a is not None and b is not None
+    if e.op == "div":
+        return a.floordiv(b) if b.is_const and b.const > 0 else None
+    if e.op in ("fmin", "fmax"):
+        return extreme([a, b], is_max=e.op == "fmax")
+    return a + b if e.op == "add" else a - b if e.op == "sub" else a * b
+
+
 def _scale(x: Linear, factor: SizeExpr) -> Linear:
     coeffs = tuple((n, c * factor) for n, c in x.coeffs)
     return Linear(tuple((n, c) for n, c in coeffs if c != ZERO), x.const * factor)

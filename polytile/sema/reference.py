@@ -49,6 +49,9 @@ def run(spec: Specialized, inputs: Mapping[str, np.ndarray | int | float],
 
 def _run_statement(st: P.Statement, ranges: tuple[tuple[str, int, int], ...],
                    tensors: dict[str, np.ndarray], env: dict[str, int]) -> None:
+    if st.scatter:
+        _run_scatter(st, ranges, tensors, env)
+        return
     target = tensors[st.tensor]
     n_lhs = len(st.indices)
     extents = [hi - lo for _, lo, hi in ranges]
@@ -76,6 +79,28 @@ def _run_statement(st: P.Statement, ranges: tuple[tuple[str, int, int], ...],
             target[region] = value
         else:
             target[region] = _combine(st.op, target[region], value, target.dtype)
+
+
+def _run_scatter(st: P.Statement, ranges: tuple[tuple[str, int, int], ...],
+                 tensors: dict[str, np.ndarray], env: dict[str, int]) -> None:
+    """`T(f(i)) += e(i)`: every iteration adds into the element its subscripts name
+    (np.add.at adds repeated elements once per iteration)."""
+    if any(hi == lo for _, lo, hi in ranges):
+        return
+    shape = tuple(hi - lo for _, lo, hi in ranges)
+    grid = {name: np.arange(lo, hi, dtype=np.int64).reshape(
+        [-1 if k == axis else 1 for k in range(len(ranges))])
+        for axis, (name, lo, hi) in enumerate(ranges)}
+    target = tensors[st.tensor]
+    wide = np.float32 if target.dtype.itemsize == 2 and target.dtype.kind not in "iu" \
+        else target.dtype
+    value = _cast(np.broadcast_to(np.asarray(_eval(st.rhs, grid, tensors, env)), shape),
+                  np.dtype(wide))
+    subs = tuple(np.broadcast_to(_eval(x, grid, tensors, env), shape) for x in st.scatter)
+    total = target.astype(wide)
+    with np.errstate(all="ignore"):
+        np.add.at(total, subs, value)
+    target[...] = _cast(total, target.dtype)
 
 
 def _combine(op: str, old: np.ndarray, new: np.ndarray, dtype: np.dtype) -> np.ndarray:

@@ -114,8 +114,12 @@ def _check_bounds(st: P.Statement, ranges: dict[str, tuple[int, int]],
     empty = {name for name, (lo, hi) in ranges.items() if hi == lo}
     # Over an empty range nothing is read; the left side is still written (initialized)
     # when only reduction ranges are empty.
-    accesses = ([] if empty & set(st.indices)
-                else [(st.tensor, tuple(P.IndexVar(i, T.INDEX) for i in st.indices), st.loc)])
+    if st.scatter:
+        accesses = [] if empty else [(st.tensor, st.scatter, st.loc)]
+    elif empty & set(st.indices):
+        accesses = []
+    else:
+        accesses = [(st.tensor, tuple(P.IndexVar(i, T.INDEX) for i in st.indices), st.loc)]
     if not empty:
         accesses += [(r.tensor, r.indices, r.loc) for r in T.reads(st.rhs)]
     for tensor, subs, loc in accesses:
