@@ -24,6 +24,8 @@ def why_not_vector(blk: Block, vector: str) -> str | None:
     stores = [s for s in blk.stmts if isinstance(s, Store)]
     if len(stores) != 1:
         return f"it has {len(stores)} stores (one is supported)"
+    if stores[0].dynamic:
+        return f"it scatters into {stores[0].ref} at data-dependent positions"
     if any(not isinstance(s, (Load, Store, Constant, Intrinsic)) and not _step_index(s, blk, vector)
            for s in blk.stmts):
         return "it computes an index value that differs per lane"

@@ -201,11 +201,6 @@ class _Adjoints:
             ranges: tuple[tuple[str, P.Range], ...], loc) -> None:  # type: ignore[no-untyped-def]
         """d_version(subs) += value, for every point of `ranges`."""
         prog = self.program
-        if any(R.linearize(s) is None for s in subs):
-            raise UnsupportedError(
-                f"polytile cannot differentiate through a data-dependent subscript of "
-                f"{version} yet (it needs a scatter-add at data-dependent positions)", loc,
-                "gathers have no gradient yet; compute that part in the framework")
         name = self.name(version)
         if name in self.given:                       # never write into a parameter
             copy = prog.names.fresh(f"{name}_acc")
@@ -330,16 +325,16 @@ def _statement(prog: _Program, adj: _Adjoints, k: int) -> None:
         through_rhs = g
         through_old = g
     elif st.op in ("max=", "min="):
-        value = P.Read(v.name, lhs, dtype)
+        result = P.Read(v.name, lhs, dtype)
         ties = prog.names.fresh(f"{v.name}_ties")
-        hit = lambda e: select(rules.op("eq", e, value), rules.const(1, dtype),  # noqa: E731
+        hit = lambda e: select(rules.op("eq", e, result), rules.const(1, dtype),  # noqa: E731
                                rules.const(0, dtype))
         _count(prog, adj, ties, lhs, outer, st.ranges, hit, "+=",
                rhs, P.Read(old, lhs, dtype) if accumulates and old else None)
         share = rules.div(g, P.Read(ties, lhs, dtype))
-        through_rhs = select(rules.op("eq", rhs, value), share, rules.const(0, dtype))
+        through_rhs = select(rules.op("eq", rhs, result), share, rules.const(0, dtype))
         if accumulates and old:
-            through_old = select(rules.op("eq", P.Read(old, lhs, dtype), value), share,
+            through_old = select(rules.op("eq", P.Read(old, lhs, dtype), result), share,
                                  rules.const(0, dtype))
     else:                                               # "*="
         zeros = prog.names.fresh(f"{v.name}_zeros")

@@ -244,7 +244,8 @@ def _execute(block: Block, batch: _Batch, path: str) -> None:
             scalars[stmt.into] = _load(stmt, batch, scalars, path)
         elif isinstance(stmt, Store):
             view = batch.views[stmt.ref]
-            _write(view, view.base, scalars[stmt.value])
+            address = _address(view, stmt.dynamic, batch, scalars, stmt.ref, path)
+            _write(view, address, scalars[stmt.value])
         elif isinstance(stmt, LoadIndex):
             scalars[stmt.into] = batch.grid.evaluate(stmt.value)
         elif isinstance(stmt, Constant):
@@ -262,8 +263,17 @@ def _execute(block: Block, batch: _Batch, path: str) -> None:
 
 def _load(stmt: Load, batch: _Batch, scalars: Mapping[str, np.ndarray], path: str) -> np.ndarray:
     view = batch.views[stmt.ref]
+    address = _address(view, stmt.dynamic, batch, scalars, stmt.ref, path)
+    if stmt.offset is not None:
+        address = address + _flat_offset(stmt, view, scalars[stmt.offset], batch.count, path)
+    return view.storage[address]
+
+
+def _address(view: _View, dynamic: tuple[str | None, ...], batch: _Batch,
+             scalars: Mapping[str, np.ndarray], ref: str, path: str) -> np.ndarray:
+    """The view's origin plus checked data-dependent offsets, per point."""
     address = view.base
-    for d, (name, dim) in enumerate(zip(stmt.dynamic, view.dims)):
+    for d, (name, dim) in enumerate(zip(dynamic, view.dims)):
         if name is None:
             continue
         offset = np.broadcast_to(np.asarray(scalars[name]).astype(np.int64), (batch.count,))
@@ -271,12 +281,10 @@ def _load(stmt: Load, batch: _Batch, scalars: Mapping[str, np.ndarray], path: st
         if len(bad):
             raise KernelError(
                 f"index {offset[bad[0]]} is out of range [0, {dim.size}) in dimension {d} of "
-                f"{view.buffer} (read through {stmt.ref} with offset {name} in block {path})",
+                f"{view.buffer} (through {ref} with offset {name} in block {path})",
                 hint="the indices come from data; check the index tensor's values")
         address = address + offset * dim.stride
-    if stmt.offset is not None:
-        address = address + _flat_offset(stmt, view, scalars[stmt.offset], batch.count, path)
-    return view.storage[address]
+    return address
 
 
 def _flat_offset(stmt: Load, view: _View, value: np.ndarray, count: int, path: str

@@ -113,14 +113,16 @@ class _Statement:
     def lhs_ref(self, agg: str, direction: str) -> N.Refinement:
         tensor = ir_name(self.st.tensor)
         parent = self.shapes[tensor]
-        if self.st.scatter:
+        if self.st.scatter:      # a data-dependent subscript's view spans its dimension
             lins = [R.linearize(x) for x in self.st.scatter]
-            access = tuple(self.affine(lin) for lin in lins if lin is not None)
+            access = tuple(self.affine(lin) if lin is not None else N.Affine() for lin in lins)
+            dims = tuple(N.Dim(1 if lin is not None else d.size, d.stride)
+                         for lin, d in zip(lins, parent.dims))
         else:
             access = tuple(self.index_affine(i) for i in self.st.indices)
+            dims = tuple(N.Dim(1, d.stride) for d in parent.dims)
         return N.Refinement(direction, tensor, tensor, access,
-                            N.TensorShape(parent.dtype, tuple(N.Dim(1, d.stride)
-                                                              for d in parent.dims)), agg)
+                            N.TensorShape(parent.dtype, dims), agg)
 
     # ------------------------------------------------------------ blocks
     def init_block(self) -> N.Block:
@@ -146,7 +148,9 @@ class _Statement:
             cast = self.scalar("cast")
             self.stmts.append(N.Intrinsic("cast", (value,), cast, target))
             value = cast
-        self.stmts.append(N.Store(lhs.into, value))
+        dynamic = tuple(None if R.linearize(x) is not None else self.expr(x)
+                        for x in st.scatter)
+        self.stmts.append(N.Store(lhs.into, value, dynamic if any(dynamic) else ()))
         refs = [lhs] + [r for key, r in self.refs.items() if r is not lhs]
         kind = ("scatter" if st.scatter else "contraction" if st.reduction_indices
                 else "elementwise")

@@ -26,6 +26,9 @@ Semantics that every pass, the interpreter and the code generator share:
   (`polytile.passes.ptrinc`). It is not checked at run time; whoever computes it
   guarantees that the element lies inside the view, whose footprint is then the
   whole view.
+* `Store(ref, value, dynamic)` writes (through the view's aggregation) the element
+  at the view's origin plus the `dynamic` offsets, bounds-checked like a load's: a
+  scatter-add to data-dependent positions (the gradient of a gather).
 * `LoadIndex(into, affine)` gives the value of an affine function of indices.
 """
 from __future__ import annotations
@@ -154,6 +157,7 @@ class Load:
 class Store:
     ref: str
     value: str                                  # scalar name
+    dynamic: tuple[str | None, ...] = ()        # per-dimension data-dependent offsets
 
 
 @dataclass(frozen=True)

@@ -327,14 +327,15 @@ class _Parser(TokenCursor[_Token]):
             into = self.advance().text
             self.expect("=")
             return self.scalar_definition(into)
-        if self.tok.kind == "name" and self.peek().text == "=":
+        if self.tok.kind == "name" and self.peek().text in ("=", "["):
             ref = self.advance().text
+            dynamic = self.listed("]", self.dynamic_offset) if self.accept("[") else ()
             self.expect("=")
             self.expect_word("store")
             self.expect("(")
             value = self.expect_kind("scalar", "a scalar ($name)").text
             self.expect(")")
-            return Store(ref, value)
+            return Store(ref, value, dynamic)
         raise self.error("a statement ($x = ..., BUF = store($x), special, block or '}')")
 
     def scalar_definition(self, into: str) -> Statement:

@@ -212,7 +212,7 @@ def _touched_dims(stmt: object, ref: str, mode: str, rank: int) -> list[tuple[bo
             return [(True,) * rank]
         return [tuple(d is not None for d in stmt.dynamic) or (False,) * rank]
     if mode == WRITE and isinstance(stmt, Store) and stmt.ref == ref:
-        return [(False,) * rank]
+        return [tuple(d is not None for d in stmt.dynamic) or (False,) * rank]
     if isinstance(stmt, Special):
         names = stmt.inputs if mode == READ else stmt.outputs
         return [(True,) * rank for name in names if name == ref]

@@ -72,14 +72,18 @@ def format_block(block: Block, depth: int = 0) -> str:
     return "\n".join(_block_lines(block, depth)) + "\n"
 
 
+def _dynamic(offsets: tuple[str | None, ...]) -> str:
+    """`[$d, _]`: the data-dependent offsets of a load or store, if any."""
+    return f"[{', '.join(d if d is not None else '_' for d in offsets)}]" if offsets else ""
+
+
 def format_statement(stmt: Statement) -> str:
     """A single non-block statement, as it appears on its line."""
     if isinstance(stmt, Load):
-        dyn = f"[{', '.join(d if d is not None else '_' for d in stmt.dynamic)}]"
         plus = f" + {stmt.offset}" if stmt.offset is not None else ""
-        return f"{stmt.into} = load({stmt.ref}{dyn if stmt.dynamic else ''}{plus})"
+        return f"{stmt.into} = load({stmt.ref}{_dynamic(stmt.dynamic)}{plus})"
     if isinstance(stmt, Store):
-        return f"{stmt.ref} = store({stmt.value})"
+        return f"{stmt.ref}{_dynamic(stmt.dynamic)} = store({stmt.value})"
     if isinstance(stmt, LoadIndex):
         return f"{stmt.into} = index({stmt.value})"
     if isinstance(stmt, Constant):

@@ -308,7 +308,15 @@ def _check_statements(block: Block, path: str) -> None:
             define(stmt.into, ref.shape.dtype)
         elif isinstance(stmt, Store):
             ref = writable(stmt.ref, f"store of {stmt.value}")
-            _check_static_dims(path, ref, (None,) * len(ref.shape.dims))
+            if stmt.dynamic and len(stmt.dynamic) != len(ref.shape.dims):
+                raise _fail(path, f"store to {stmt.ref} has {len(stmt.dynamic)} offsets for "
+                            f"{len(ref.shape.dims)} dims")
+            if stmt.dynamic and ref.agg == "assign":
+                raise _fail(path, f"store to {stmt.ref} at data-dependent offsets through "
+                            "`assign`", "two iterations may write one element: aggregate")
+            _check_static_dims(path, ref, stmt.dynamic or (None,) * len(ref.shape.dims))
+            if any(not t.is_integral for t in use(stmt.dynamic, f"store to {stmt.ref}")):
+                raise _fail(path, f"store to {stmt.ref} has a non-integer dynamic offset")
             (value,) = use([stmt.value], f"store to {stmt.ref}")
             if value != ref.shape.dtype:
                 raise _fail(path, f"store of {value} scalar {stmt.value} into {ref.shape.dtype} "

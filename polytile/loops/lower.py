@@ -79,6 +79,7 @@ def read_scalars(block: Block) -> set[str]:
             names |= read_scalars(st)
         elif isinstance(st, Store):
             names.add(st.value)
+            names.update(d for d in st.dynamic if d is not None)
         elif isinstance(st, Intrinsic):
             names.update(st.inputs)
         elif isinstance(st, Load):
@@ -303,7 +304,8 @@ class Lowering:
                           hint="a block reaches a parent's buffer through a refinement")
         return scope.views[name]
 
-    def address(self, view: View, st: Load, value: Callable[[str], tuple[str, dtypes.DType]],
+    def address(self, view: View, st: Load | Store,
+                value: Callable[[str], tuple[str, dtypes.DType]],
                 out: list[L.Stmt], checked: dict | None = None) -> Affine:
         """The flat offset `st` reads: the view's origin, its checked data-dependent
         subscripts and its pointer increment. `value(name)` gives a scalar's loop IR name
@@ -311,7 +313,7 @@ class Lowering:
         copies of one load check once)."""
         checked = {} if checked is None else checked
         if st.dynamic and len(st.dynamic) != len(view.dims):
-            raise IRError(f"load from {st.ref!r} has {len(st.dynamic)} subscripts for "
+            raise IRError(f"access of {st.ref!r} has {len(st.dynamic)} subscripts for "
                           f"{len(view.dims)} dimensions")
         address = view.offset
         for d, name in enumerate(st.dynamic):
@@ -324,7 +326,7 @@ class Lowering:
                 out.append(L.Let(checked[key], INT64, L.Op("cast", (src,), dtypes.INT64)))
                 out.append(L.Check(checked[key], view.dims[d].size, view.param, d))
             address = address + Affine.index(checked[key]).scale(view.dims[d].stride)
-        if st.offset is not None:       # a pointer increment: in the view by construction
+        if isinstance(st, Load) and st.offset is not None:   # in the view by construction
             src, dt = value(st.offset)
             address = address + Affine.index(self.convert(src, dt, dtypes.INT64, "d", out))
         return address
@@ -342,8 +344,9 @@ class Lowering:
         if view.agg not in AGG_OPS:
             raise IRError(f"unknown aggregation {view.agg!r} on {st.ref!r}")
         lines: list[L.Stmt] = []
+        address = self.address(view, st, lambda n: self.scalar(scope, n), lines)
         value = self.convert(*self.scalar(scope, st.value), view.dtype, "s", lines)
-        return lines + [L.Store(view.ptr, view.offset, value, view.agg)]
+        return lines + [L.Store(view.ptr, address, value, view.agg)]
 
     # ------------------------------------------------------------ specials
 

@@ -398,7 +398,7 @@ def _scalars(block: N.Block) -> set[str]:
 
 def _inputs(s: N.Statement) -> list[str]:
     if isinstance(s, N.Store):
-        return [s.value]
+        return [s.value] + [d for d in s.dynamic if d is not None]
     if isinstance(s, N.Intrinsic):
         return list(s.inputs)
     if isinstance(s, N.Load):

@@ -304,7 +304,8 @@ class _Function:
         return statements, shapes
 
     def scatter_subscripts(self, s: ast.Assign, scope: T.Scope) -> tuple[P.TExpr, ...]:
-        """A scatter's left-hand subscripts, typed; each must be affine in the indices."""
+        """A scatter's left-hand subscripts, typed: affine in the indices, or read from
+        data (checked at run time, like a gather's)."""
         subs = []
         for x in s.scatter:
             loc = getattr(x, "loc", s.loc)
@@ -312,11 +313,6 @@ class _Function:
             if not e.dtype.is_integral:
                 raise TypeCheckError(f"subscript of {s.tensor} is {e.dtype}, not an integer",
                                      loc)
-            if R.linearize(e) is None:
-                raise UnsupportedError(
-                    f"{s.tensor} is scattered into at a subscript that is not affine in the "
-                    "indices", loc, "a scatter's subscripts are sums of indices times sizes "
-                    "or constants; data-dependent scatter is not supported yet")
             subs.append(e)
         return tuple(subs)
 

@@ -15,7 +15,7 @@ from typing import Mapping
 import numpy as np
 
 from polytile import dtypes
-from polytile.errors import OutOfBoundsError
+from polytile.errors import OutOfBoundsError, SourceLoc
 from polytile.ir import intrinsics
 from polytile.sema import program as P
 from polytile.sema import ranges as R
@@ -96,7 +96,9 @@ def _run_scatter(st: P.Statement, ranges: tuple[tuple[str, int, int], ...],
         else target.dtype
     value = _cast(np.broadcast_to(np.asarray(_eval(st.rhs, grid, tensors, env)), shape),
                   np.dtype(wide))
-    subs = tuple(np.broadcast_to(_eval(x, grid, tensors, env), shape) for x in st.scatter)
+    subs = tuple(np.broadcast_to(_subscript(x, d, target.shape[d], st.tensor, grid, tensors,
+                                            env, st.loc), shape)
+                 for d, x in enumerate(st.scatter))
     total = target.astype(wide)
     with np.errstate(all="ignore"):
         np.add.at(total, subs, value)
@@ -171,6 +173,21 @@ def _einsum(st: P.Statement, ranges: tuple[tuple[str, int, int], ...],
     return np.einsum(",".join(subs) + "->" + out, *operands, optimize=True).astype(dtype)
 
 
+def _subscript(x: P.TExpr, d: int, size: int, tensor: str, grid: dict[str, np.ndarray],
+               tensors: dict[str, np.ndarray], env: dict[str, int],
+               loc: SourceLoc | None = None) -> np.ndarray:
+    """The values of subscript `x` of dimension `d`; one read from data is checked."""
+    sub = _cast(np.asarray(_eval(x, grid, tensors, env)), np.dtype(np.int64))
+    if R.linearize(x) is None and sub.size:
+        bad = sub[(sub < 0) | (sub >= size)]
+        if bad.size:
+            raise OutOfBoundsError(
+                f"{tensor} is indexed at {int(bad.flat[0])} in dimension {d}, outside 0:{size} "
+                "(the index comes from data)", loc,
+                "check the values of the index tensor")
+    return sub
+
+
 def _eval(e: P.TExpr, grid: dict[str, np.ndarray], tensors: dict[str, np.ndarray],
           env: dict[str, int]) -> np.ndarray:
     if isinstance(e, P.Const):
@@ -183,17 +200,8 @@ def _eval(e: P.TExpr, grid: dict[str, np.ndarray], tensors: dict[str, np.ndarray
         return tensors[e.name]
     if isinstance(e, P.Read):
         array = tensors[e.tensor]
-        subs = []
-        for d, x in enumerate(e.indices):
-            sub = _cast(np.asarray(_eval(x, grid, tensors, env)), np.dtype(np.int64))
-            if R.linearize(x) is None and sub.size:
-                bad = sub[(sub < 0) | (sub >= array.shape[d])]
-                if bad.size:
-                    raise OutOfBoundsError(
-                        f"{e.tensor} is indexed at {int(bad.flat[0])} in dimension {d}, "
-                        f"outside 0:{array.shape[d]} (the index comes from data)", e.loc,
-                        "check the values of the index tensor")
-            subs.append(sub)
+        subs = [_subscript(x, d, array.shape[d], e.tensor, grid, tensors, env, e.loc)
+                for d, x in enumerate(e.indices)]
         return array[tuple(subs)] if subs else array[()]
     assert isinstance(e, P.Op)
     args = [_eval(a, grid, tensors, env) for a in e.args]
