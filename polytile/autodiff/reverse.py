@@ -151,14 +151,22 @@ class _Program:
         ranges = tuple((n, P.Range(ZERO, s)) for n, s in zip(names, self.shapes[tensor]))
         return tuple(P.IndexVar(n, T.INDEX) for n in names), ranges
 
-    def copy(self, into: str, source: str) -> str:
-        idx, ranges = self.whole(source)
-        return self.statement(into, idx, "=", P.Read(source, idx, self.dtypes[source]), ranges)
+    def copy(self, into: str, source: str, like: str | None = None) -> str:
+        """into = source, element by element; `like` names a version of their shape."""
+        like = like or source
+        idx, ranges = self.whole(like)
+        return self.statement(into, idx, "=", P.Read(source, idx, self.dtypes[like]), ranges)
 
     def zero(self, into: str, like: str) -> str:
         """into(...) = 0 over the whole shape of `like`."""
         idx, ranges = self.whole(like)
         return self.statement(into, idx, "=", rules.const(0, self.dtypes[like]), ranges)
+
+    def param(self, p: P.Tensor, sizes: dict[str, str]) -> str:
+        """A forward parameter, declared again."""
+        if p.kind == "scalar":
+            return f"{p.dtype} {p.name}"
+        return self.declare(p.name, p.shape, str(p.dtype), sizes)
 
     def declare(self, name: str, shape: tuple[SizeExpr, ...], dtype: str,
                 sizes: dict[str, str]) -> str:
@@ -173,7 +181,7 @@ class _Program:
                 fresh = self.names.fresh(f"{name}_{d}".upper())
                 sizes[fresh] = str(s)
                 dims.append(fresh)
-        return f"{dtype}({', '.join(dims)}) {name}" if shape else f"{dtype} {name}"
+        return f"{dtype}({', '.join(dims)}) {name}"
 
 
 @dataclass
@@ -204,7 +212,7 @@ class _Adjoints:
         name = self.name(version)
         if name in self.given:                       # never write into a parameter
             copy = prog.names.fresh(f"{name}_acc")
-            self.statements.append(prog.copy(copy, name))
+            self.statements.append(prog.copy(copy, name, like=version))
             self.names[version], name = copy, copy
             self.ready.add(copy)
         self.uses(value)
@@ -261,7 +269,7 @@ def backward(fn: P.Function, saved: bool = False) -> Backward:
     kept = sorted(v for v in adj.read if v in versions) if saved else []
     body = [] if saved else _recompute(prog, {v for v in adj.read if v in versions})
     sizes: dict[str, str] = {}
-    params = [prog.declare(p.name, p.shape, str(p.dtype), sizes) for p in fn.params]
+    params = [prog.param(p, sizes) for p in fn.params]
     params += [prog.declare(v, prog.shapes[v], str(prog.dtypes[v]), sizes) for v in kept]
     params += [prog.declare(g, prog.shapes[o], str(prog.dtypes[o]), sizes) for o, g in seeds]
     outputs = [prog.declare(g, prog.shapes[p], str(prog.dtypes[p]), sizes)
@@ -278,7 +286,7 @@ def forward_saving(fn: P.Function, saved: tuple[str, ...]) -> str:
     `saved` of `backward(fn, saved=True)`), as TC text."""
     prog = _Program(fn)
     sizes: dict[str, str] = {}
-    params = [prog.declare(p.name, p.shape, str(p.dtype), sizes) for p in fn.params]
+    params = [prog.param(p, sizes) for p in fn.params]
     outputs = [o.name for o in fn.outputs] + [v for v in saved
                                               if v not in {o.name for o in fn.outputs}]
     lines = [f"def {fn.name}({', '.join(params)}) -> ({', '.join(outputs)}) {{"]
@@ -316,7 +324,7 @@ def _statement(prog: _Program, adj: _Adjoints, k: int) -> None:
     if old is not None and not accumulates and not prog.full(k):
         # The elements this statement does not write keep the old version's values.
         name = adj.name(old)
-        adj.statements.append(prog.copy(name, gname))
+        adj.statements.append(prog.copy(name, gname, like=v.name))
         adj.statements.append(prog.statement(name, lhs, "=", rules.const(0, dtype), outer))
         adj.ready.add(name)
     through_old: P.TExpr | None = None          # the adjoint of the old version's element

@@ -87,13 +87,17 @@ def _erf_factor(a: P.TExpr, e: P.Op) -> P.TExpr:
 
 
 def _pick(larger: bool) -> Rule:
-    """fmax/fmin: the selected operand takes g; equal operands take g/2 each."""
+    """fmax/fmin: the selected operand takes g (a NaN operand is never selected, as C's
+    fmax ignores it); equal operands take g/2 each."""
     def rule(e: P.Op, g: P.TExpr) -> list[tuple[int, P.TExpr]]:
         a, b = e.args
         half = mul(g, const(0.5, g.dtype))
         wins = "gt" if larger else "lt"
-        return [(0, select(op(wins, a, b), g, select(op("eq", a, b), half, zero_like(g)))),
-                (1, select(op(wins, b, a), g, select(op("eq", a, b), half, zero_like(g))))]
+
+        def chosen(x: P.TExpr, y: P.TExpr) -> P.TExpr:
+            return op("or", op(wins, x, y), op("ne", y, y))
+        return [(0, select(chosen(a, b), g, select(op("eq", a, b), half, zero_like(g)))),
+                (1, select(chosen(b, a), g, select(op("eq", a, b), half, zero_like(g))))]
     return rule
 
 

@@ -11,13 +11,15 @@ record, so an adapter turns a caller's object into a NumPy *view* of the same me
 The launcher (polytile.compile.CompiledFunction) then checks shapes and dtypes, copies
 what is not C-contiguous, and calls the kernel. Outputs are made by the adapter of the
 first tensor argument, so a function called on framework tensors returns framework
-tensors. Adapters shipped here: NumPy arrays, then any object with `__dlpack__` (CPU
+tensors. Adapters shipped here: NumPy arrays, PyTorch tensors (CPU, any strides,
+bfloat16 included; outputs are torch tensors), then any object with `__dlpack__` (CPU
 memory) or the buffer protocol; both of the latter return NumPy outputs (a generic
 DLPack producer has no way to be asked for a new array). A framework adds its own with
 `register_adapter` (placed before the generic ones).
 """
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -91,8 +93,48 @@ class BufferAdapter(NumpyAdapter):
             raise AdapterError(f"its buffer cannot be viewed as an array ({e})") from e
 
 
+@dataclass(frozen=True)
+class TorchAdapter:
+    """torch.Tensor on the CPU, viewed without a copy; new outputs are torch tensors.
+    torch is never imported here: a value can only be a tensor if torch is loaded."""
+
+    name: str = "torch"
+
+    def accepts(self, value: Any) -> bool:
+        torch = sys.modules.get("torch")
+        return torch is not None and isinstance(value, torch.Tensor)
+
+    def view(self, value: Any) -> np.ndarray:
+        if value.device.type != "cpu":
+            raise AdapterError(f"it is a {value.device.type} tensor, and polytile has no "
+                               "backend for that device yet: move it with .cpu()")
+        return torch_view(value.detach())
+
+    def allocate(self, shape: tuple[int, ...], dtype: np.dtype) -> tuple[Any, np.ndarray]:
+        import torch
+        tensor = torch.zeros(shape, dtype=torch_dtype(dtype))
+        return tensor, torch_view(tensor)
+
+
+def torch_view(tensor: Any) -> np.ndarray:
+    """A NumPy view of a CPU tensor's memory (bfloat16, which NumPy lacks, through
+    ml_dtypes)."""
+    import torch
+    if tensor.dtype == torch.bfloat16:
+        import ml_dtypes
+        return tensor.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    return tensor.numpy()
+
+
+def torch_dtype(dtype: np.dtype) -> Any:
+    import torch
+    if dtype.name == "bfloat16":
+        return torch.bfloat16
+    return torch.from_numpy(np.empty(0, dtype)).dtype
+
+
 NUMPY = NumpyAdapter()
-_ADAPTERS: list[Adapter] = [NUMPY, DLPackAdapter(), BufferAdapter()]
+_ADAPTERS: list[Adapter] = [NUMPY, TorchAdapter(), DLPackAdapter(), BufferAdapter()]
 _GENERIC = 2    # the last entries: DLPack and the buffer protocol, tried after any framework's
 
 

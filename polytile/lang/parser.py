@@ -153,7 +153,8 @@ class _Parser(TokenCursor[Token]):
         scatter: tuple[ast.Expr, ...] = ()
         if self.accept("("):
             subscripts = self.comma_list(self.expr, ")")
-            if all(isinstance(x, ast.Name) for x in subscripts):
+            names = [x.name for x in subscripts if isinstance(x, ast.Name)]
+            if len(names) == len(subscripts) and len(set(names)) == len(names):
                 indices = subscripts      # type: ignore[assignment]
             else:
                 scatter = subscripts

@@ -74,8 +74,8 @@ def linearize(e: P.TExpr) -> Linear | None:
 
 def bound(e: P.TExpr) -> SizeExpr | None:
     """A range bound: an expression of sizes, constants and integer arguments, with
-    `/` by a positive constant (rounding down) and `min`/`max` besides sums and
-    products; None otherwise."""
+    `/` (rounding down; the divisor must be positive) and `min`/`max` besides sums
+    and products; None otherwise."""
     lin = linearize(e)
     if lin is not None:
         return None if lin.coeffs else lin.const
@@ -89,8 +89,8 @@ def bound(e: P.TExpr) -> SizeExpr | None:
         return -parts[0]                              # type: ignore[operator]
     a, b = parts
     assert a is not None and b is not None
-    if e.op == "div":
-        return a.floordiv(b) if b.is_const and b.const > 0 else None
+    if e.op == "div":     # a divisor that is not positive is refused when evaluated
+        return None if b.is_const and b.const <= 0 else a.floordiv(b)
     if e.op in ("fmin", "fmax"):
         return extreme([a, b], is_max=e.op == "fmax")
     return a + b if e.op == "add" else a - b if e.op == "sub" else a * b
