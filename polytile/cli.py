@@ -3,6 +3,7 @@
     polytile check FILE.tc [--sizes M=128,K=64]
     polytile show FILE.tc --stage ast|program|ir|loops|c [--sizes ...] [--function NAME] [--target T]
                            (loops and c, or any stage of the target's backend)
+    polytile grad FILE.tc [--name NAME] [--saved]
     polytile targets
     polytile instructions [FILE.tc --sizes M=64,K=64 [--function NAME]]
     polytile sanitize [--with address,undefined] -- COMMAND [ARGS...]
@@ -10,7 +11,7 @@
     polytile cache info|clear [--tuning]
     polytile cache export FILE | import FILE
     polytile cache inject FILE.tc --sizes ... --options JSON|@FILE [--function NAME]
-    polytile bench [--quick] [--only NAME[,NAME]] [--latency] [--write [FILE]] [--repeats N]
+    polytile bench [--quick] [--only NAME[,NAME]] [--latency | --training] [--write [FILE]] [--repeats N]
                    [--no-compile]
 """
 from __future__ import annotations
@@ -73,6 +74,23 @@ def cmd_check(args: argparse.Namespace) -> int:
     for fn in _program(args.file).functions:
         spec = _specialize(fn, args.sizes) if args.sizes is not None else None
         print(format_function(fn, spec))
+    return 0
+
+
+def cmd_grad(args: argparse.Namespace) -> int:
+    """Print the backward TC of each function (or of --name)."""
+    from polytile.autodiff import backward, forward_saving
+
+    functions = _program(args.file).functions
+    if args.name:
+        functions = tuple(f for f in functions if f.name == args.name)
+        if not functions:
+            raise PolytileError(f"{args.file} defines no function {args.name!r}")
+    for fn in functions:
+        derived = backward(fn, saved=args.saved)
+        if args.saved:
+            print(forward_saving(fn, derived.saved))
+        print(derived.source)
     return 0
 
 
@@ -256,6 +274,9 @@ def _add_bench_arguments(parser: argparse.ArgumentParser) -> None:
                              "'tmm 128x32x256'); with --latency, these examples")
     parser.add_argument("--latency", action="store_true",
                         help="measure first-call, cached-call and dispatch latency instead")
+    parser.add_argument("--training", action="store_true",
+                        help="time a training step (forward + derived backward through "
+                             "polytile.torch.op) against torch eager instead (needs torch)")
     # const=True: the project's benchmarks/RESULTS.md, found by bench.command.results_path.
     parser.add_argument("--write", nargs="?", const=True, default=None, metavar="FILE",
                         help="also write the tables into FILE (default: benchmarks/RESULTS.md "
@@ -304,6 +325,14 @@ def main(argv: list[str] | None = None) -> int:
     show.add_argument("--target", default=None,
                       help="e.g. cpu-avx512, any target on any host (default: the host's best)")
     show.set_defaults(run=cmd_show)
+    grad = sub.add_parser("grad", help="print the TC that computes a function's gradients")
+    grad.add_argument("file", help="TC source file, or - for standard input")
+    grad.add_argument("--name", "--function", dest="name", default=None,
+                      help="only this function")
+    grad.add_argument("--saved", action="store_true",
+                      help="read the forward's intermediate values instead of recomputing "
+                           "them, and print the forward that returns them first")
+    grad.set_defaults(run=cmd_grad)
     targets = sub.add_parser("targets", help="list the shipped targets, their backends and "
                              "features, and whether this host runs them")
     targets.set_defaults(run=cmd_targets)

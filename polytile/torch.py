@@ -60,29 +60,36 @@ def _build(fn: TCFunction) -> Callable[..., Any]:
     except UnsupportedError:
         derived = None            # not differentiable: a plain op
     if derived is None:
-        forward_op = _custom(fn, f"polytile::{base}")
-        n_out = len(fn.fn.outputs)
-        return _Call(forward_op, n_out, fn.name)
+        return _Call(_custom(fn, f"polytile::{base}"), fn.fn)
     forward = _sibling(fn, forward_saving(fn.fn, derived.saved), fn.name)
     gradient = _sibling(fn, derived.source, derived.name)
     forward_op = _custom(forward, f"polytile::{base}")
     gradient_op = _custom(gradient, f"polytile::{base}_grad")
     _register_autograd(forward_op, gradient_op, fn.fn, forward.fn, derived)
-    return _Call(forward_op, len(fn.fn.outputs), fn.name)
+    return _Call(forward_op, fn.fn)
 
 
 @dataclass(frozen=True)
 class _Call:
-    """The user's callable: the op's own outputs, not the saved values."""
+    """The user's callable: checks the arguments, runs the op, returns the function's
+    own outputs (not the saved values)."""
 
     op: Any
-    outputs: int
-    name: str
+    fn: P.Function
 
     def __call__(self, *args: Any) -> Any:
+        params = self.fn.params
+        if len(args) != len(params):
+            raise ArgumentError(f"{self.fn.name} takes {len(params)} arguments "
+                                f"({', '.join(p.name for p in params)}), got {len(args)}",
+                                self.fn.loc)
+        for p, a in zip(params, args):
+            if p.kind == "input":
+                _cpu(a, p)
         result = self.op(*args)
         result = result if isinstance(result, tuple) else (result,)
-        return result[0] if self.outputs == 1 else tuple(result[:self.outputs])
+        n = len(self.fn.outputs)
+        return result[0] if n == 1 else tuple(result[:n])
 
 
 def _sibling(fn: TCFunction, source: str, name: str) -> TCFunction:
@@ -110,8 +117,8 @@ def _custom(tc: TCFunction, qualname: str) -> Any:
     fn = tc.fn
 
     def run(*args: Any) -> Any:
-        views = [torch_view(_cpu(a, fn, k)) if p.kind == "input" else a
-                 for k, (p, a) in enumerate(zip(fn.params, args))]
+        views = [torch_view(a.detach()) if p.kind == "input" else a
+                 for p, a in zip(fn.params, args)]
         result = tc(*views)
         outs = result if isinstance(result, tuple) else (result,)
         tensors = tuple(_tensor(o) for o in outs)
@@ -175,15 +182,13 @@ def _register_autograd(forward_op: Any, gradient_op: Any, original: P.Function,
 
 # ---------------------------------------------------------------- conversions
 
-def _cpu(value: Any, fn: P.Function, k: int) -> Any:
+def _cpu(value: Any, p: P.Tensor) -> None:
     if not isinstance(value, torch.Tensor):
-        raise ArgumentError(f"{fn.params[k].name} must be a torch tensor, got "
-                            f"{type(value).__name__}", fn.params[k].loc)
-    if value.device.type != "cpu":
-        raise UnsupportedError(f"{fn.params[k].name} is a {value.device.type} tensor, and "
-                               "polytile has no backend for that device yet",
-                               fn.params[k].loc, "move it with .cpu()")
-    return value.detach()
+        raise ArgumentError(f"{p.name} must be a torch tensor, got {type(value).__name__}",
+                            p.loc)
+    if value.device.type not in ("cpu", "meta"):
+        raise UnsupportedError(f"{p.name} is a {value.device.type} tensor, and polytile has "
+                               "no backend for that device yet", p.loc, "move it with .cpu()")
 
 
 def _tensor(array: np.ndarray) -> torch.Tensor:

@@ -102,12 +102,32 @@ class _Program:
         self.dtypes = {t.name: t.dtype for t in fn.params + fn.outputs + fn.temps}
         for v in self.versions:
             self.shapes[v.name], self.dtypes[v.name] = v.tensor.shape, v.tensor.dtype
+        self.storage: dict[str, str] = {}        # version -> the tensor that holds it
+        self.in_place: set[int] = set()          # statements updating their old version
+
+    def share(self, kept: set[str]) -> None:
+        """Versions that nothing reads after the statement that updates them (all but
+        `kept`) live in the tensor of the version that follows: the update is done in
+        place, as the original function does it, with no copy."""
+        for k in reversed(range(len(self.versions))):
+            v = self.versions[k]
+            if v.old is not None and self.keeps_old(k) and v.old not in kept:
+                self.storage[v.old] = self.storage.get(v.name, v.name)
+                self.in_place.add(k)
+
+    def keeps_old(self, k: int) -> bool:
+        """Statement k starts from the old version (an accumulation, or an assignment
+        to part of the tensor)."""
+        st = self.fn.statements[k]
+        return self.versions[k].old is not None and (
+            st.op != "=" and not st.init or not self.full(k))
 
     # ------------------------------------------------------------ forward, renamed
     def rename(self, e: P.TExpr, k: int) -> P.TExpr:
         """`e` of statement k with each tensor read as the version that statement sees."""
         if isinstance(e, P.Read):
-            return P.Read(self.reads[k].get(e.tensor, e.tensor),
+            version = self.reads[k].get(e.tensor, e.tensor)
+            return P.Read(self.storage.get(version, version),
                           tuple(self.rename(i, k) for i in e.indices), e.dtype, e.loc)
         if isinstance(e, P.Op):
             return P.Op(e.op, tuple(self.rename(a, k) for a in e.args), e.dtype, e.loc)
@@ -115,14 +135,14 @@ class _Program:
 
     def forward(self, k: int) -> Iterator[str]:
         """Statement k on versions: a copy of the old version first where the statement
-        keeps part of it (an accumulation, or an assignment to part of the tensor)."""
+        keeps part of it and the old version must survive (see share)."""
         st, v = self.fn.statements[k], self.versions[k]
-        keeps_old = v.old is not None and (st.op != "=" and not st.init or not self.full(k))
-        if keeps_old:
+        into = self.storage.get(v.name, v.name)
+        if self.keeps_old(k) and k not in self.in_place:
             assert v.old is not None
-            yield self.copy(v.name, v.old)
+            yield self.copy(into, self.storage.get(v.old, v.old))
         op = st.op + ("!" if st.init else "")
-        yield self.statement(v.name, self.lhs(k), op, self.rename(st.rhs, k), st.ranges)
+        yield self.statement(into, self.lhs(k), op, self.rename(st.rhs, k), st.ranges)
 
     def lhs(self, k: int) -> tuple[P.TExpr, ...]:
         st = self.fn.statements[k]
@@ -266,8 +286,10 @@ def backward(fn: P.Function, saved: bool = False) -> Backward:
         if g not in adj.ready:
             adj.statements.append(prog.zero(g, p))
     versions = {v.name: k for k, v in enumerate(prog.versions)}
-    kept = sorted(v for v in adj.read if v in versions) if saved else []
-    body = [] if saved else _recompute(prog, {v for v in adj.read if v in versions})
+    read = {v for v in adj.read if v in versions}
+    prog.share(read)
+    kept = sorted(read) if saved else []
+    body = [] if saved else _recompute(prog, read)
     sizes: dict[str, str] = {}
     params = [prog.param(p, sizes) for p in fn.params]
     params += [prog.declare(v, prog.shapes[v], str(prog.dtypes[v]), sizes) for v in kept]
@@ -285,6 +307,7 @@ def forward_saving(fn: P.Function, saved: tuple[str, ...]) -> str:
     """`fn` in single-assignment form that also returns the versions `saved` (the
     `saved` of `backward(fn, saved=True)`), as TC text."""
     prog = _Program(fn)
+    prog.share(set(saved))
     sizes: dict[str, str] = {}
     params = [prog.param(p, sizes) for p in fn.params]
     outputs = [o.name for o in fn.outputs] + [v for v in saved
@@ -302,8 +325,10 @@ def _recompute(prog: _Program, needed: set[str]) -> list[str]:
         if v.name not in needed:
             continue
         chosen.append(k)
-        needed |= {r.tensor for r in T.reads(prog.rename(prog.fn.statements[k].rhs, k))}
-        if v.old is not None:
+        needed |= {prog.reads[k].get(r.tensor, r.tensor)
+                   for r in T.reads(prog.fn.statements[k].rhs)}
+        if prog.keeps_old(k):
+            assert v.old is not None
             needed.add(v.old)
     return [text for k in sorted(chosen) for text in prog.forward(k)]
 

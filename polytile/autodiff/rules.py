@@ -95,6 +95,8 @@ def _pick(larger: bool) -> Rule:
         wins = "gt" if larger else "lt"
 
         def chosen(x: P.TExpr, y: P.TExpr) -> P.TExpr:
+            if isinstance(y, P.Const):          # a number is never NaN here
+                return op(wins, x, y)
             return op("or", op(wins, x, y), op("ne", y, y))
         return [(0, select(chosen(a, b), g, select(op("eq", a, b), half, zero_like(g)))),
                 (1, select(chosen(b, a), g, select(op("eq", a, b), half, zero_like(g))))]

@@ -1,6 +1,7 @@
 """`polytile bench`: the command's flow, from arguments to the table and RESULTS.md.
 
-    polytile bench [--quick] [--only NAME[,NAME]] [--latency] [--write [FILE]] [--repeats N]
+    polytile bench [--quick] [--only NAME[,NAME]] [--latency | --training] [--write [FILE]]
+                   [--repeats N]
                    [--no-compile]
 
 (the arguments are declared in polytile.cli, so that parsing imports no bench code).
@@ -11,7 +12,9 @@ against NumPy and timed against NumPy, PyTorch eager and torch.compile (unless
 --write [FILE] is it also written into FILE (default: the project's record of runs,
 benchmarks/RESULTS.md of the checkout polytile runs from, else of the current
 directory), so a plain run leaves a clone clean. --latency instead measures first-call,
-cached-call and dispatch latency. The exit status is 1 when polytile gives a
+cached-call and dispatch latency; --training times a training step of layers through
+polytile.torch.op against torch eager (polytile.bench.training). The exit status is 1 when
+polytile gives a
 WRONG result anywhere; a workload polytile cannot compile is FAILED in the table.
 
 OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE, set on some machines here for old OpenBLAS builds,
@@ -35,7 +38,7 @@ from polytile.bench.timing import TimingOptions
 
 def run(args: argparse.Namespace) -> int:
     present = [v for v in BLAS_ENV_VARS if v in os.environ]
-    if present and not args.latency:
+    if present and not args.latency and not getattr(args, "training", False):
         return _rerun_without(present, args)
     command = command_text(args)
     date = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
@@ -48,6 +51,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"polytile bench: warning: {busy}", file=sys.stderr)
     if args.latency:
         return _latency(args, facts, command, date)
+    if args.training:
+        return _training(args, facts, command, date, busy)
     return _throughput(args, facts, command, date, busy)
 
 
@@ -170,6 +175,43 @@ def _latency(args: argparse.Namespace, facts: dict[str, str], command: str, date
     return 0
 
 
+def _training(args: argparse.Namespace, facts: dict[str, str], command: str, date: str,
+              busy: str) -> int:
+    from polytile.bench import training
+    from polytile.bench.report import format_markdown, format_text, write_section
+    from polytile.errors import ArgumentError
+
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        raise ArgumentError("--training needs torch",
+                            hint="pip install polytile[torch]") from None
+    workloads = training.training_set(args.quick)
+    if args.only:
+        workloads = [w for w in workloads if w.matches(args.only)]
+    if not workloads:
+        raise ArgumentError(f"no training workload matches --only {','.join(args.only)}",
+                            hint="MLP1, MLP3, layernorm")
+    options = (TimingOptions(rounds=args.repeats or 3, block_seconds=0.05, settle_seconds=0.05,
+                             discard_calls=1) if args.quick
+               else TimingOptions(rounds=args.repeats or 5))
+    rows = training.run(workloads, options,
+                        progress=lambda s: print(s, file=sys.stderr, flush=True))
+    print()
+    print(format_text(*training.table(rows)))
+    wrong = any(r.status.startswith("WRONG") for r in rows)
+    if args.write:
+        title = "Training step" + (" (quick smoke run, small sizes)" if args.quick else "")
+        text = [f"## {title}", "", f"- date: {date}", f"- command: `{command}`", "",
+                "### Machine", ""] + [f"- {k}: {v}" for k, v in facts.items()]
+        text += [f"- warning: {busy}"] if busy else []
+        text += ["", format_markdown(*training.table(rows)), "", training.NOTE]
+        path = results_path(args.write)
+        write_section(path, _section("training", args), "\n".join(text))
+        print(f"\nwrote {path}")
+    return 1 if wrong else 0
+
+
 def _busy_warning() -> str:
     """A warning when other processes keep the cores busy: every number will be off."""
     try:
@@ -206,6 +248,8 @@ def _argv(args: argparse.Namespace) -> list[str]:
         argv.append("--only=" + ",".join(args.only))
     if args.latency:
         argv.append("--latency")
+    if getattr(args, "training", False):
+        argv.append("--training")
     if args.write:
         argv.append("--write" if args.write is True else f"--write={args.write}")
     if args.repeats is not None:

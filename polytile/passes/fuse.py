@@ -13,7 +13,10 @@ same element, so the fused rows are independent and can run in parallel.
 Strategies (TC §6.2 names max, preserve-parallelism and min):
 
     rows  a member must also not reuse a large input across rows: a contraction whose
-          weights, shared by every row, exceed half of L1 keeps its own tiled loop nest
+          weights, shared by every row, exceed half of L1 keeps its own tiled loop nest;
+          nor be a column reduction (its row index walks an input's unit-stride
+          dimension while it reduces over another): fused, every row would read a
+          strided column; alone, the row index is its vector index
     max   every kernel whose rows are independent fuses, such a contraction included
           (it gives up its cache tiles for the row loop)
     none  no fusion
@@ -53,13 +56,28 @@ def _fusible(block: N.Block, budget: float) -> bool:
     if "kernel" not in block.tags or any(isinstance(s, N.Block) for s in block.stmts):
         return False
     row = _row_index(block)
-    if row is None:
+    if row is None or _column_reduction(block, row.name):
         return False
     shared = 0
     for ref in block.refs:
         if ref.dir == "in" and not any(a.coeff(row.name) for a in ref.access):
             shared += _view_bytes(ref, block)
     return shared <= budget
+
+
+def _column_reduction(block: N.Block, row: str) -> bool:
+    written = {n for r in block.refs if r.dir in ("out", "inout") for a in r.access
+               for n in a.names}
+    reduced = {i.name for i in block.idxs} - written
+    for ref in block.refs:
+        if ref.dir != "in":
+            continue
+        unit = [a for a, d in zip(ref.access, ref.shape.dims) if d.stride == 1]
+        strided = [a for a, d in zip(ref.access, ref.shape.dims) if d.stride != 1]
+        if any(a.coeff(row) for a in unit) and any(a.coeff(n) for a in strided
+                                                  for n in reduced):
+            return True
+    return False
 
 
 def _view_bytes(ref: N.Refinement, block: N.Block) -> int:
