@@ -15,6 +15,11 @@ Reductions route the adjoint of their result: `+=` to every term; `max=`/`min=` 
 terms equal to the result, split evenly between ties (torch.amax's rule); `*=` to
 each factor times the product of the others, counted without dividing by zero.
 
+The gradients of the inputs are sinks (nothing reads them): their statements are
+emitted last, grouped per input, and consecutive elementwise ones merged into one
+(`d_x = a` then `d_x += b` becomes `d_x = a + b`), so the fusion pass finds rows of
+like statements instead of a column reduction between every two.
+
 `backward(fn)` recomputes the forward values the derivatives need inside the
 backward; `backward(fn, saved=True)` instead reads them as parameters, and
 `forward_saving(fn)` is the forward that also returns them (what a training
@@ -22,18 +27,14 @@ framework runs: the forward once, the backward from what it kept).
 """
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from polytile.autodiff import emit, rules
+from polytile.autodiff import rules
 from polytile.autodiff.rules import mul, select
+from polytile.autodiff.ssa import ZERO, Program, Ranges, Stmt
 from polytile.errors import UnsupportedError
 from polytile.sema import program as P
-from polytile.sema import ranges as R
 from polytile.sema import typing as T
-from polytile.sema.sizes import SizeExpr, Sym
-
-ZERO = SizeExpr.const_(0)
 
 
 @dataclass(frozen=True)
@@ -48,225 +49,86 @@ class Backward:
 
 
 @dataclass
-class _Version:
-    """One statement's result: tensor `tensor` as statement `k` leaves it."""
-
-    name: str
-    tensor: P.Tensor
-    old: str | None          # the version the statement starts from, if any
-
-
-class _Names:
-    def __init__(self, taken: set[str]):
-        self.taken = set(taken)
-
-    def fresh(self, base: str) -> str:
-        name = base
-        while name in self.taken:
-            name += "_"
-        self.taken.add(name)
-        return name
-
-
-def _identifiers(fn: P.Function) -> set[str]:
-    names = {t.name for t in fn.params + fn.outputs + fn.temps} | set(fn.sizes) | {fn.name}
-    for st in fn.statements:
-        names.update(n for n, _ in st.ranges)
-    return names
-
-
-class _Program:
-    """The single-assignment forward and the derived statements, as TC text."""
-
-    def __init__(self, fn: P.Function):
-        if fn.inout:
-            raise UnsupportedError(
-                f"{fn.name} reads outputs before writing them ({', '.join(sorted(fn.inout))}); "
-                "polytile does not differentiate in/out outputs yet", fn.loc,
-                "start the output from an input instead of its previous contents")
-        self.fn = fn
-        self.names = _Names(_identifiers(fn))
-        self.axes: list[str] = []
-        self.versions: list[_Version] = []
-        self.reads: list[dict[str, str]] = []       # per statement: tensor -> version read
-        writes = [st.tensor for st in fn.statements]
-        current: dict[str, str] = {p.name: p.name for p in fn.params}
-        for k, st in enumerate(fn.statements):
-            self.reads.append(dict(current))
-            last = k == max(j for j, t in enumerate(writes) if t == st.tensor)
-            name = st.tensor if last else self.names.fresh(f"{st.tensor}_{k}")
-            self.versions.append(_Version(name, fn.tensor(st.tensor), current.get(st.tensor)))
-            current[st.tensor] = name
-        self.shapes: dict[str, tuple[SizeExpr, ...]] = {
-            t.name: t.shape for t in fn.params + fn.outputs + fn.temps}
-        self.dtypes = {t.name: t.dtype for t in fn.params + fn.outputs + fn.temps}
-        for v in self.versions:
-            self.shapes[v.name], self.dtypes[v.name] = v.tensor.shape, v.tensor.dtype
-        self.storage: dict[str, str] = {}        # version -> the tensor that holds it
-        self.in_place: set[int] = set()          # statements updating their old version
-
-    def share(self, kept: set[str]) -> None:
-        """Versions that nothing reads after the statement that updates them (all but
-        `kept`) live in the tensor of the version that follows: the update is done in
-        place, as the original function does it, with no copy."""
-        for k in reversed(range(len(self.versions))):
-            v = self.versions[k]
-            if v.old is not None and self.keeps_old(k) and v.old not in kept:
-                self.storage[v.old] = self.storage.get(v.name, v.name)
-                self.in_place.add(k)
-
-    def keeps_old(self, k: int) -> bool:
-        """Statement k starts from the old version (an accumulation, or an assignment
-        to part of the tensor)."""
-        st = self.fn.statements[k]
-        return self.versions[k].old is not None and (
-            st.op != "=" and not st.init or not self.full(k))
-
-    # ------------------------------------------------------------ forward, renamed
-    def rename(self, e: P.TExpr, k: int) -> P.TExpr:
-        """`e` of statement k with each tensor read as the version that statement sees."""
-        if isinstance(e, P.Read):
-            version = self.reads[k].get(e.tensor, e.tensor)
-            return P.Read(self.storage.get(version, version),
-                          tuple(self.rename(i, k) for i in e.indices), e.dtype, e.loc)
-        if isinstance(e, P.Op):
-            return P.Op(e.op, tuple(self.rename(a, k) for a in e.args), e.dtype, e.loc)
-        return e
-
-    def forward(self, k: int) -> Iterator[str]:
-        """Statement k on versions: a copy of the old version first where the statement
-        keeps part of it and the old version must survive (see share)."""
-        st, v = self.fn.statements[k], self.versions[k]
-        into = self.storage.get(v.name, v.name)
-        if self.keeps_old(k) and k not in self.in_place:
-            assert v.old is not None
-            yield self.copy(into, self.storage.get(v.old, v.old))
-        op = st.op + ("!" if st.init else "")
-        yield self.statement(into, self.lhs(k), op, self.rename(st.rhs, k), st.ranges)
-
-    def lhs(self, k: int) -> tuple[P.TExpr, ...]:
-        st = self.fn.statements[k]
-        return st.scatter or tuple(P.IndexVar(i, T.INDEX) for i in st.indices)
-
-    def full(self, k: int) -> bool:
-        """Statement k writes every element of its tensor."""
-        st = self.fn.statements[k]
-        if st.scatter:
-            return False
-        shape = self.versions[k].tensor.shape
-        return all(st.range_of(i) == P.Range(ZERO, n) for i, n in zip(st.indices, shape))
-
-    # ------------------------------------------------------------ TC text
-    def statement(self, tensor: str, lhs: tuple[P.TExpr, ...], op: str, rhs: P.TExpr,
-                  ranges: tuple[tuple[str, P.Range], ...]) -> str:
-        where = ", ".join(f"{i} in {emit.size(r.lo)}:{emit.size(r.hi)}" for i, r in ranges)
-        text = f"{tensor}({', '.join(emit.expr(x) for x in lhs)}) {op} {emit.expr(rhs)}"
-        return f"{text} where {where}" if where else text
-
-    def whole(self, tensor: str) -> tuple[tuple[P.TExpr, ...], tuple[tuple[str, P.Range], ...]]:
-        """Indices over every element of `tensor`, and their ranges."""
-        while len(self.axes) < len(self.shapes[tensor]):
-            self.axes.append(self.names.fresh(f"i{len(self.axes)}"))
-        names = self.axes[:len(self.shapes[tensor])]
-        ranges = tuple((n, P.Range(ZERO, s)) for n, s in zip(names, self.shapes[tensor]))
-        return tuple(P.IndexVar(n, T.INDEX) for n in names), ranges
-
-    def copy(self, into: str, source: str, like: str | None = None) -> str:
-        """into = source, element by element; `like` names a version of their shape."""
-        like = like or source
-        idx, ranges = self.whole(like)
-        return self.statement(into, idx, "=", P.Read(source, idx, self.dtypes[like]), ranges)
-
-    def zero(self, into: str, like: str) -> str:
-        """into(...) = 0 over the whole shape of `like`."""
-        idx, ranges = self.whole(like)
-        return self.statement(into, idx, "=", rules.const(0, self.dtypes[like]), ranges)
-
-    def param(self, p: P.Tensor, sizes: dict[str, str]) -> str:
-        """A forward parameter, declared again."""
-        if p.kind == "scalar":
-            return f"{p.dtype} {p.name}"
-        return self.declare(p.name, p.shape, str(p.dtype), sizes)
-
-    def declare(self, name: str, shape: tuple[SizeExpr, ...], dtype: str,
-                sizes: dict[str, str]) -> str:
-        """`float(N, K) name`; a dimension that is not a size name or a constant gets
-        a size name of its own (the caller checks it)."""
-        dims = []
-        for d, s in enumerate(shape):
-            if s.is_const or (len(s.terms) == 1 and s.const == 0 and s.terms[0][1] == 1
-                              and len(s.terms[0][0]) == 1 and isinstance(s.terms[0][0][0], Sym)):
-                dims.append(str(s))
-            else:
-                fresh = self.names.fresh(f"{name}_{d}".upper())
-                sizes[fresh] = str(s)
-                dims.append(fresh)
-        return f"{dtype}({', '.join(dims)}) {name}"
-
-
-@dataclass
 class _Adjoints:
-    """The adjoint tensor of each version, the statements that compute them, and
-    which forward versions they read."""
+    """The adjoint tensor of each version, the statements computing them, and which
+    forward versions those statements read."""
 
-    program: _Program
+    program: Program
     names: dict[str, str] = field(default_factory=dict)
     ready: set[str] = field(default_factory=set)       # adjoints that hold a value
     given: set[str] = field(default_factory=set)       # adjoints that are parameters
-    statements: list[str] = field(default_factory=list)
+    sinks: set[str] = field(default_factory=set)       # the inputs' gradients
+    statements: list[Stmt] = field(default_factory=list)
+    deferred: list[Stmt] = field(default_factory=list)
     read: set[str] = field(default_factory=set)
-
-    def uses(self, e: P.TExpr) -> P.TExpr:
-        self.read.update(r.tensor for r in T.reads(e))
-        return e
 
     def name(self, version: str) -> str:
         if version not in self.names:
             self.names[version] = self.program.names.fresh(f"d_{version}")
         return self.names[version]
 
+    def emit(self, stmt: Stmt) -> None:
+        self.read |= stmt.reads()
+        if stmt.tensor in self.sinks:      # only its own statements touch a sink
+            mine = [k for k, s in enumerate(self.deferred) if s.tensor == stmt.tensor]
+            last = self.deferred[mine[-1]] if mine else None
+            if last is not None and _mergeable(last, stmt):
+                self.deferred[mine[-1]] = Stmt(last.tensor, last.lhs, last.op,
+                                               rules.add(last.rhs, stmt.rhs), last.ranges)
+            else:
+                self.deferred.append(stmt)
+            return
+        if any(stmt.tensor in s.reads() for s in self.deferred):
+            self.flush()        # a deferred statement reads what this one changes
+        self.statements.append(stmt)
+
+    def flush(self) -> None:
+        """The deferred statements, grouped per gradient in order of first appearance."""
+        order = list(dict.fromkeys(s.tensor for s in self.deferred))
+        self.statements += sorted(self.deferred, key=lambda s: order.index(s.tensor))
+        self.deferred = []
+
     def add(self, version: str, subs: tuple[P.TExpr, ...], value: P.TExpr,
-            ranges: tuple[tuple[str, P.Range], ...], loc) -> None:  # type: ignore[no-untyped-def]
+            ranges: Ranges) -> None:
         """d_version(subs) += value, for every point of `ranges`."""
         prog = self.program
         name = self.name(version)
         if name in self.given:                       # never write into a parameter
             copy = prog.names.fresh(f"{name}_acc")
-            self.statements.append(prog.copy(copy, name, like=version))
+            self.emit(prog.copy(copy, name, like=version))
             self.names[version], name = copy, copy
             self.ready.add(copy)
-        self.uses(value)
         plain = [s.name for s in subs if isinstance(s, P.IndexVar)]
         distinct = len(plain) == len(subs) and len(set(plain)) == len(plain)
-        shape = prog.shapes[version]
         bounds = dict(ranges)
-        covers = distinct and all(bounds[i] == P.Range(ZERO, n) for i, n in zip(plain, shape))
+        covers = distinct and all(bounds[i] == P.Range(ZERO, n)
+                                  for i, n in zip(plain, prog.shapes[version]))
         if name not in self.ready and covers:
             op = "+=!" if len(ranges) > len(plain) else "="
-            self.statements.append(prog.statement(name, subs, op, value, ranges))
+            self.emit(Stmt(name, subs, op, value, ranges))
             self.ready.add(name)
             return
         if name not in self.ready:
-            self.statements.append(prog.zero(name, version))
+            self.emit(prog.zero(name, version))
             self.ready.add(name)
-        self.statements.append(prog.statement(name, subs, "+=", value, ranges))
+        self.emit(Stmt(name, subs, "+=", value, ranges))
 
 
-def _backprop(e: P.TExpr, g: P.TExpr, out: dict[P.Read, P.TExpr]) -> None:
-    """Add the adjoint contribution of every float read in `e` to `out`."""
-    if isinstance(e, P.Read):
-        if e.dtype.is_float:
-            out[e] = rules.add(out[e], g) if e in out else g
-        return
-    if isinstance(e, P.Op):
-        for k, contribution in rules.adjoints(e, g):
-            _backprop(e.args[k], contribution, out)
+def _mergeable(first: Stmt, then: Stmt) -> bool:
+    return (first.tensor == then.tensor and first.lhs == then.lhs and then.op == "+="
+            and first.op in ("=", "+=") and first.ranges == then.ranges
+            and first.elementwise)
 
 
 def backward(fn: P.Function, saved: bool = False) -> Backward:
     """The TC function computing the gradients of `fn`'s float inputs from its inputs
     and its outputs' gradients (see the module docstring)."""
-    prog = _Program(fn)
+    if fn.inout:
+        raise UnsupportedError(
+            f"{fn.name} reads outputs before writing them ({', '.join(sorted(fn.inout))}); "
+            "polytile does not differentiate in/out outputs yet", fn.loc,
+            "start the output from an input instead of its previous contents")
+    prog = Program(fn)
     adj = _Adjoints(prog)
     seeds = []
     for o in fn.outputs:
@@ -280,13 +142,15 @@ def backward(fn: P.Function, saved: bool = False) -> Backward:
         raise UnsupportedError(f"{fn.name} has no floating-point {'input' if seeds else 'output'}"
                                " to differentiate", fn.loc)
     gradients = [(p.name, adj.name(p.name)) for p in inputs]
+    adj.sinks = {g for _, g in gradients}
     for k in reversed(range(len(fn.statements))):
         _statement(prog, adj, k)
     for p, g in gradients:
         if g not in adj.ready:
-            adj.statements.append(prog.zero(g, p))
-    versions = {v.name: k for k, v in enumerate(prog.versions)}
-    read = {v for v in adj.read if v in versions}
+            adj.emit(prog.zero(g, p))
+    adj.flush()
+    versions = {v.name for v in prog.versions}
+    read = adj.read & versions
     prog.share(read)
     kept = sorted(read) if saved else []
     body = [] if saved else _recompute(prog, read)
@@ -297,27 +161,24 @@ def backward(fn: P.Function, saved: bool = False) -> Backward:
     outputs = [prog.declare(g, prog.shapes[p], str(prog.dtypes[p]), sizes)
                for p, g in gradients]
     name = prog.names.fresh(f"{fn.name}_grad")
-    lines = [f"def {name}({', '.join(params)}) -> ({', '.join(outputs)}) {{"]
-    lines += [f"  {text}" for text in body + adj.statements]
-    return Backward("\n".join(lines + ["}"]) + "\n", name, tuple(gradients), tuple(seeds),
-                    tuple(kept))
+    source = prog.function(name, params, outputs, body + adj.statements)
+    return Backward(source, name, tuple(gradients), tuple(seeds), tuple(kept))
 
 
 def forward_saving(fn: P.Function, saved: tuple[str, ...]) -> str:
     """`fn` in single-assignment form that also returns the versions `saved` (the
     `saved` of `backward(fn, saved=True)`), as TC text."""
-    prog = _Program(fn)
+    prog = Program(fn)
     prog.share(set(saved))
     sizes: dict[str, str] = {}
     params = [prog.param(p, sizes) for p in fn.params]
-    outputs = [o.name for o in fn.outputs] + [v for v in saved
-                                              if v not in {o.name for o in fn.outputs}]
-    lines = [f"def {fn.name}({', '.join(params)}) -> ({', '.join(outputs)}) {{"]
-    lines += [f"  {text}" for k in range(len(fn.statements)) for text in prog.forward(k)]
-    return "\n".join(lines + ["}"]) + "\n"
+    outputs = [o.name for o in fn.outputs]
+    outputs += [v for v in saved if v not in outputs]
+    body = [s for k in range(len(fn.statements)) for s in prog.forward(k)]
+    return prog.function(fn.name, params, outputs, body)
 
 
-def _recompute(prog: _Program, needed: set[str]) -> list[str]:
+def _recompute(prog: Program, needed: set[str]) -> list[Stmt]:
     """The forward statements that compute `needed` versions, in order."""
     chosen = []
     for k in reversed(range(len(prog.versions))):
@@ -330,10 +191,10 @@ def _recompute(prog: _Program, needed: set[str]) -> list[str]:
         if prog.keeps_old(k):
             assert v.old is not None
             needed.add(v.old)
-    return [text for k in sorted(chosen) for text in prog.forward(k)]
+    return [s for k in sorted(chosen) for s in prog.forward(k)]
 
 
-def _statement(prog: _Program, adj: _Adjoints, k: int) -> None:
+def _statement(prog: Program, adj: _Adjoints, k: int) -> None:
     """The adjoint statements of forward statement k."""
     st, v = prog.fn.statements[k], prog.versions[k]
     gname = adj.names.get(v.name)
@@ -349,42 +210,37 @@ def _statement(prog: _Program, adj: _Adjoints, k: int) -> None:
     if old is not None and not accumulates and not prog.full(k):
         # The elements this statement does not write keep the old version's values.
         name = adj.name(old)
-        adj.statements.append(prog.copy(name, gname, like=v.name))
-        adj.statements.append(prog.statement(name, lhs, "=", rules.const(0, dtype), outer))
+        adj.emit(prog.copy(name, gname, like=v.name))
+        adj.emit(Stmt(name, lhs, "=", rules.const(0, dtype), outer))
         adj.ready.add(name)
+    old_read = P.Read(old, lhs, dtype) if accumulates and old is not None else None
     through_old: P.TExpr | None = None          # the adjoint of the old version's element
     through_rhs: P.TExpr
+    zero, one = rules.const(0, dtype), rules.const(1, dtype)
     if st.op in ("=", "+="):
-        through_rhs = g
-        through_old = g
+        through_rhs = through_old = g
     elif st.op in ("max=", "min="):
         result = P.Read(v.name, lhs, dtype)
         ties = prog.names.fresh(f"{v.name}_ties")
-        hit = lambda e: select(rules.op("eq", e, result), rules.const(1, dtype),  # noqa: E731
-                               rules.const(0, dtype))
-        _count(prog, adj, ties, lhs, outer, st.ranges, hit, "+=",
-               rhs, P.Read(old, lhs, dtype) if accumulates and old else None)
+        _count(adj, ties, lhs, outer, st.ranges, "+=", rhs, old_read,
+               lambda e: select(rules.op("eq", e, result), one, zero))
         share = rules.div(g, P.Read(ties, lhs, dtype))
-        through_rhs = select(rules.op("eq", rhs, result), share, rules.const(0, dtype))
-        if accumulates and old:
-            through_old = select(rules.op("eq", P.Read(old, lhs, dtype), result), share,
-                                 rules.const(0, dtype))
+        through_rhs = select(rules.op("eq", rhs, result), share, zero)
+        if old_read is not None:
+            through_old = select(rules.op("eq", old_read, result), share, zero)
     else:                                               # "*="
         zeros = prog.names.fresh(f"{v.name}_zeros")
         rest = prog.names.fresh(f"{v.name}_nonzero")
-        zero, one = rules.const(0, dtype), rules.const(1, dtype)
-        old_read = P.Read(old, lhs, dtype) if accumulates and old else None
-        _count(prog, adj, zeros, lhs, outer, st.ranges,
-               lambda e: select(rules.op("eq", e, zero), one, zero), "+=", rhs, old_read)
-        _count(prog, adj, rest, lhs, outer, st.ranges,
-               lambda e: select(rules.op("eq", e, zero), one, e), "*=", rhs, old_read)
+        _count(adj, zeros, lhs, outer, st.ranges, "+=", rhs, old_read,
+               lambda e: select(rules.op("eq", e, zero), one, zero))
+        _count(adj, rest, lhs, outer, st.ranges, "*=", rhs, old_read,
+               lambda e: select(rules.op("eq", e, zero), one, e))
         nz, pr = P.Read(zeros, lhs, dtype), P.Read(rest, lhs, dtype)
 
         def others(f: P.TExpr) -> P.TExpr:
             """The product of every factor but `f`, without dividing by zero."""
             only = rules.op("and", rules.op("eq", nz, one), rules.op("eq", f, zero))
-            return select(rules.op("eq", nz, zero), rules.div(pr, f),
-                          select(only, pr, zero))
+            return select(rules.op("eq", nz, zero), rules.div(pr, f), select(only, pr, zero))
         through_rhs = mul(g, others(rhs))
         if old_read is not None:
             through_old = mul(g, others(old_read))
@@ -394,19 +250,29 @@ def _statement(prog: _Program, adj: _Adjoints, k: int) -> None:
         if old not in adj.names and through_old is g and not reads_old:
             adj.names[old] = gname                     # `+=` passes the adjoint through
         else:
-            adj.add(old, lhs, adj.uses(through_old), outer, st.loc)
+            adj.add(old, lhs, through_old, outer)
     contributions: dict[P.Read, P.TExpr] = {}
     _backprop(rhs, through_rhs, contributions)
     for read, value in contributions.items():
-        adj.add(read.tensor, read.indices, value, st.ranges, read.loc)
+        adj.add(read.tensor, read.indices, value, st.ranges)
 
 
-def _count(prog: _Program, adj: _Adjoints, into: str, lhs: tuple[P.TExpr, ...],
-           outer: tuple[tuple[str, P.Range], ...], ranges: tuple[tuple[str, P.Range], ...],
-           term, op: str, rhs: P.TExpr, old: P.TExpr | None) -> None:  # type: ignore[no-untyped-def]
+def _count(adj: _Adjoints, into: str, lhs: tuple[P.TExpr, ...], outer: Ranges,
+           ranges: Ranges, op: str, rhs: P.TExpr, old: P.TExpr | None, term) -> None:  # type: ignore[no-untyped-def]
     """into(lhs) = term(old) op ... op term(rhs) over the reduction (op is += or *=)."""
     if old is not None:
-        adj.statements.append(prog.statement(into, lhs, "=", adj.uses(term(old)), outer))
-        adj.statements.append(prog.statement(into, lhs, op, adj.uses(term(rhs)), ranges))
+        adj.emit(Stmt(into, lhs, "=", term(old), outer))
+        adj.emit(Stmt(into, lhs, op, term(rhs), ranges))
     else:
-        adj.statements.append(prog.statement(into, lhs, op + "!", adj.uses(term(rhs)), ranges))
+        adj.emit(Stmt(into, lhs, op + "!", term(rhs), ranges))
+
+
+def _backprop(e: P.TExpr, g: P.TExpr, out: dict[P.Read, P.TExpr]) -> None:
+    """Add the adjoint contribution of every float read in `e` to `out`."""
+    if isinstance(e, P.Read):
+        if e.dtype.is_float:
+            out[e] = rules.add(out[e], g) if e in out else g
+        return
+    if isinstance(e, P.Op):
+        for k, contribution in rules.adjoints(e, g):
+            _backprop(e.args[k], contribution, out)
