@@ -55,13 +55,14 @@ def _run_one(w: Workload, options: TimingOptions) -> TrainingRow:
     import polytile as pt
     import polytile.torch as ptt
 
-    if w.torch is None:
+    layer = w.torch
+    if layer is None:
         return TrainingRow(w, status="no torch version")
     args = w.make_inputs(np.random.default_rng(0))
     op = ptt.op(pt.define(w.tc)[w.function])
     ours = [_leaf(torch, a) for a in args]
     theirs = [_leaf(torch, a) for a in args]
-    seed = torch.randn(w.torch(*[t.detach() for t in theirs]).shape,
+    seed = torch.randn(layer(*[t.detach() for t in theirs]).shape,
                        generator=torch.Generator().manual_seed(1))
 
     def step(layer: Callable[..., Any], leaves: list[Any]) -> Any:
@@ -77,13 +78,13 @@ def _run_one(w: Workload, options: TimingOptions) -> TrainingRow:
     except pt.PolytileError as e:
         return TrainingRow(w, status=f"FAILED: {e.message}")
     first = time.perf_counter() - start
-    want = step(w.torch, theirs)
+    want = step(layer, theirs)
     problem = _compare([got] + [t.grad for t in ours if t.requires_grad],
                        [want] + [t.grad for t in theirs if t.requires_grad], w)
     if problem:
         return TrainingRow(w, first_call=first, status=f"WRONG: {problem}")
     timings = time_blocks({"polytile": lambda: step(op, ours),
-                           "torch": lambda: step(w.torch, theirs)}, options)
+                           "torch": lambda: step(layer, theirs)}, options)
     return TrainingRow(w, timings["polytile"].median, timings["torch"].median, first)
 
 
@@ -107,7 +108,7 @@ HEADER = ("workload", "sizes", "polytile ms", "torch ms", "vs torch", "first cal
 
 
 def table(rows: Sequence[TrainingRow]) -> tuple[tuple[str, ...], list[tuple[str, ...]]]:
-    lines = []
+    lines: list[tuple[str, ...]] = []
     for r in rows:
         ratio = (f"{r.torch / r.polytile:.2f}x" if r.polytile and r.torch else "n/a")
         lines.append((r.workload.key, r.workload.size_text, _ms(r.polytile), _ms(r.torch),
