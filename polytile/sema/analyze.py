@@ -96,6 +96,13 @@ class _Function:
         if s.tensor in self.sizes:
             raise TypeCheckError(f"{s.tensor} is a size and cannot be assigned", s.loc)
         if s.scatter and (s.op != "+=" or s.init):
+            names = [x.name if isinstance(x, ast.Name) else None for x in s.scatter]
+            twice = next((x for k, x in enumerate(s.scatter)
+                          if isinstance(x, ast.Name) and x.name in names[:k]), None)
+            if twice is not None and None not in names:
+                raise TypeCheckError(f"index {twice.name} appears twice on the left-hand side",
+                                     twice.loc, "each output dimension needs its own index; "
+                                     "to add into a diagonal, scatter with +=")
             raise TypeCheckError(
                 f"{s.tensor} is indexed by an expression on the left-hand side (a scatter), "
                 f"which only `+=` may do", _loc_of(s.scatter, s.loc),
