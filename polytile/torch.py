@@ -66,7 +66,7 @@ class _Op:
         self.fn = fn
         self.params = fn.fn.params
         self.outputs = len(fn.fn.outputs)
-        base = f"polytile::{re.sub(r'[^A-Za-z0-9_]', '_', fn.name)}_{next(_count)}"
+        base = f"polytile::tc_{re.sub(r'[^A-Za-z0-9_]', '_', fn.name)}_{next(_count)}"
         try:
             self.derived: Backward | None = backward(fn.fn, saved=True)
         except UnsupportedError:

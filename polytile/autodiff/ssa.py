@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from polytile.autodiff import emit, rules
+from polytile.dtypes import DType
 from polytile.sema import program as P
 from polytile.sema import typing as T
 from polytile.sema.sizes import SizeExpr, Sym
@@ -43,6 +44,19 @@ class Stmt:
         text = (f"{self.tensor}({', '.join(emit.expr(x) for x in self.lhs)}) {self.op} "
                 f"{emit.expr(self.rhs)}")
         return f"{text} where {where}" if where else text
+
+
+def typed(e: P.TExpr, dtype: DType) -> P.TExpr:
+    """`e`, cast to `dtype` when it reads nothing: printed, a literal is weakly typed,
+    and a tensor assigned only literals would get the literal's default type."""
+    if T.reads(e) or any(isinstance(x, (P.IndexVar, P.ScalarArg, P.SizeVal))
+                         for x in _leaves(e)):
+        return e
+    return P.Op("cast", (e,), dtype)
+
+
+def _leaves(e: P.TExpr) -> list[P.TExpr]:
+    return [x for a in e.args for x in _leaves(a)] if isinstance(e, P.Op) else [e]
 
 
 @dataclass
@@ -144,8 +158,8 @@ class Program:
         if self.keeps_old(k) and k not in self.in_place:
             assert v.old is not None
             yield self.copy(into, self.storage.get(v.old, v.old), like=v.name)
-        yield Stmt(into, self.lhs(k), st.op + ("!" if st.init else ""), self.rename(st.rhs, k),
-                   st.ranges)
+        yield Stmt(into, self.lhs(k), st.op + ("!" if st.init else ""),
+                   typed(self.rename(st.rhs, k), v.tensor.dtype), st.ranges)
 
     # ------------------------------------------------------------ statements
     def whole(self, like: str) -> tuple[tuple[P.TExpr, ...], Ranges]:
@@ -162,7 +176,8 @@ class Program:
 
     def zero(self, into: str, like: str) -> Stmt:
         idx, ranges = self.whole(like)
-        return Stmt(into, idx, "=", rules.const(0, self.dtypes[like]), ranges)
+        dtype = self.dtypes[like]
+        return Stmt(into, idx, "=", typed(rules.const(0, dtype), dtype), ranges)
 
     # ------------------------------------------------------------ declarations
     def param(self, p: P.Tensor, sizes: dict[str, str]) -> str:
