@@ -1,0 +1,59 @@
+"""pt.grad: what it returns, what it refuses, and its checks of the output gradients."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import polytile as pt
+from polytile.autodiff import backward, forward_saving
+
+from .numeric import gradient_function
+
+CONV = """
+def conv(float(N,C,H,W) x, float(K,C,R,S) w) -> (y) {
+  y(n,k,h,v) +=! x(n,c,h+r,v+s) * w(k,c,r,s)
+}"""
+
+
+def test_output_gradients_must_have_the_outputs_shapes() -> None:
+    grad = gradient_function(pt.grad(pt.define(CONV).conv))
+    x = np.ones((1, 2, 5, 5), np.float32)
+    w = np.ones((3, 2, 2, 2), np.float32)
+    with pytest.raises(pt.ArgumentError, match=r"gradient of y has shape \(1, 3, 5, 5\), but "
+                       r"conv gives y the shape \(1, 3, 4, 4\)"):
+        grad(x, w, np.ones((1, 3, 5, 5), np.float32))
+    d_x, d_w = grad(x, w, np.ones((1, 3, 4, 4), np.float32))
+    assert d_x[0, 0, 0, 0] == 3 and d_x[0, 0, 1, 1] == 12 and (d_w == 16).all()
+
+
+@pytest.mark.parametrize("source, message", [
+    ("def f(int32(N) I) -> (O) {\n  O(i) = float(I(i)) * 0.5\n}", "no floating-point input"),
+    ("def f(float(N) X) -> (O) {\n  O(i) = int32(X(i))\n}", "no floating-point output"),
+    ("def f(float(N) X) -> (O) {\n  O(i) += X(i)\n}", "in/out outputs"),
+])
+def test_refuses_what_has_no_gradient(source: str, message: str) -> None:
+    with pytest.raises(pt.UnsupportedError, match=message):
+        pt.grad(pt.define(source).f)
+
+
+def test_saved_values_replace_recomputation() -> None:
+    fn = pt.define("""
+def mlp(float(B,I) x, float(O,I) w) -> (y) {
+  h(n,o) +=! x(n,i) * w(o,i)
+  y(n,o) = tanh(h(n,o))
+}""").mlp
+    derived = backward(fn.fn, saved=True)
+    assert derived.saved == ("h",)
+    forward = pt.define(forward_saving(fn.fn, derived.saved)).mlp
+    rng = np.random.default_rng(0)
+    x, w = rng.standard_normal((3, 4)).astype(np.float32), rng.standard_normal((2, 4)).astype(
+        np.float32)
+    y, h = forward(x, w)
+    d_y = rng.standard_normal(y.shape).astype(np.float32)
+    saved = pt.grad(fn, saved=True)
+    d_x, d_w = gradient_function(saved)(x, w, h, d_y)
+    want_x, want_w = gradient_function(pt.grad(fn))(x, w, d_y)
+    np.testing.assert_allclose(d_x, want_x, rtol=1e-6)
+    np.testing.assert_allclose(d_w, want_w, rtol=1e-6)
+    np.testing.assert_allclose(d_x, ((1 - np.tanh(x @ w.T) ** 2) * d_y) @ w, rtol=1e-5,
+                               atol=1e-6)
