@@ -68,6 +68,16 @@ def _program(path: str):  # type: ignore[no-untyped-def]
     return analyze(parse(_read(path), path))
 
 
+def _functions(path: str, name: str | None):  # type: ignore[no-untyped-def]
+    """The functions of the file at `path`, or only `name`."""
+    functions = _program(path).functions
+    if name:
+        functions = tuple(f for f in functions if f.name == name)
+        if not functions:
+            raise PolytileError(f"{path} defines no function {name!r}")
+    return functions
+
+
 def cmd_check(args: argparse.Namespace) -> int:
     from polytile.sema.printer import format_function
 
@@ -81,12 +91,7 @@ def cmd_grad(args: argparse.Namespace) -> int:
     """Print the backward TC of each function (or of --name)."""
     from polytile.autodiff import backward, forward_saving
 
-    functions = _program(args.file).functions
-    if args.name:
-        functions = tuple(f for f in functions if f.name == args.name)
-        if not functions:
-            raise PolytileError(f"{args.file} defines no function {args.name!r}")
-    for fn in functions:
+    for fn in _functions(args.file, args.name):
         derived = backward(fn, saved=args.saved)
         if args.saved:
             print(forward_saving(fn, derived.saved))
@@ -114,12 +119,7 @@ def cmd_show(args: argparse.Namespace) -> int:
         return 0
     from polytile.sema.printer import format_function
 
-    functions = _program(args.file).functions
-    if args.function:
-        functions = tuple(f for f in functions if f.name == args.function)
-        if not functions:
-            raise PolytileError(f"{args.file} defines no function {args.function}")
-    for fn in functions:
+    for fn in _functions(args.file, args.function):
         if args.stage == "program":
             spec = _specialize(fn, args.sizes) if args.sizes is not None else None
             print(format_function(fn, spec))
