@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
     from polytile.api import Module
 
-__all__ = ["EinsumProgram", "compile_einsum", "einsum", "einsum_tc", "parse_spec"]
+__all__ = ["EinsumProgram", "clear_cache", "compile_einsum", "einsum", "einsum_tc", "parse_spec"]
 
 
 def einsum(spec: str, *operands: Any, **tables: Any) -> Any:
@@ -88,18 +88,28 @@ class EinsumProgram:
         return self.module[FUNCTION](*args)
 
 
-@lru_cache(maxsize=256)
 def compile_einsum(spec: str, operand_types: tuple[str, ...],
                    table_types: tuple[tuple[str, str], ...] = (), backend: str = "c",
                    names: tuple[str, ...] | None = None) -> EinsumProgram:
     """The program of `spec` for these TC type names; cached per (spec, types, table
     names, backend), so a repeated call neither parses nor defines. Like a Module
     defined once, it reads the configuration (POLYTILE_* variables) when first made;
-    `compile_einsum.cache_clear()` forgets every program."""
+    `clear_cache()` forgets every program."""
+    return _program(spec, tuple(operand_types), tuple(sorted(table_types)), backend,
+                    None if names is None else tuple(names))
+
+
+@lru_cache(maxsize=256)
+def _program(spec: str, operand_types: tuple[str, ...], table_types: tuple[tuple[str, str], ...],
+             backend: str, names: tuple[str, ...] | None) -> EinsumProgram:
     from polytile.api import define
 
     lowered = lower(parse_spec(spec), operand_types, dict(table_types), names)
     return EinsumProgram(lowered, define(lowered.tc, backend=backend, name="<einsum>"))
+
+
+def clear_cache() -> None:
+    _program.cache_clear()
 
 
 def _view(value: Any, what: str) -> np.ndarray:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from polytile.errors import ParseError, Source, SourceLoc
+from polytile.errors import ParseError, Source, SourceLoc, abbreviate
 
 # ----------------------------------------------------------------- syntax tree
 
@@ -172,7 +172,7 @@ class _Parser:
         digits = self.text[start:self.pos]
         loc = self.loc(start, len(digits))
         if len(digits) > 10 or int(digits) > MAX_COEFF:
-            raise ParseError(f"the number {digits[:12]} is too large", loc,
+            raise ParseError(f"the number {abbreviate(digits)} is too large", loc,
                              f"coefficients and offsets are below {MAX_COEFF}")
         return int(digits), loc
 
@@ -229,8 +229,8 @@ class _Parser:
             raise self.error(what, "indices are the letters a-z" if char.isalpha() else None)
         self.pos += 1
         if self.peek() == "[":
-            raise ParseError(f"a table lookup {char}[...] must be inside parentheses",
-                             self.loc(self.pos - 1), f"write ({char}[...])")
+            raise ParseError("a table lookup must be inside parentheses", self.loc(self.pos),
+                             "write the subscript as a sum, e.g. (h+sh[c])")
         return Letter(char, self.loc(self.pos - 1))
 
     def parenthesised(self) -> Subscript:
