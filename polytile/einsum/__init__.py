@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from polytile import dtypes
 from polytile.einsum.lower import FUNCTION, Lowered, extent_value, lower
 from polytile.einsum.spec import Spec, parse_spec
-from polytile.errors import ArgumentError
+from polytile.errors import ArgumentError, RangeInferenceError
 from polytile.interop.adapters import AdapterError, adapter_for
 
 if TYPE_CHECKING:
@@ -105,7 +105,12 @@ def _program(spec: str, operand_types: tuple[str, ...], table_types: tuple[tuple
     from polytile.api import define
 
     lowered = lower(parse_spec(spec), operand_types, dict(table_types), names)
-    return EinsumProgram(lowered, define(lowered.tc, backend=backend, name="<einsum>"))
+    try:
+        module = define(lowered.tc, backend=backend, name="<einsum>")
+    except RangeInferenceError as e:    # shown in the TC; the TC's hint (`where`) is not for einsum
+        raise RangeInferenceError(e.message, e.loc, "an index needs a size: give it a plain "
+                                  "subscript in some operand (the filter's r in 'ckrs')") from None
+    return EinsumProgram(lowered, module)
 
 
 def clear_cache() -> None:

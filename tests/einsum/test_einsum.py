@@ -176,3 +176,10 @@ def test_sizes_that_disagree_are_refused_by_tc() -> None:
 def test_an_index_sized_only_through_two_tables_is_unsupported() -> None:
     with pytest.raises(pt.UnsupportedError, match="depend on each other"):
         einsum_tc("(h+r+sh[c])c->h", ["float32"], {"sh": "int32"})
+
+
+def test_an_index_tc_cannot_size_is_a_range_inference_error() -> None:
+    with pytest.raises(pt.RangeInferenceError) as e:
+        pt.einsum("b(2h+r+3)->bh", np.ones((2, 9), np.float32))
+    assert e.value.message == "range of h is ambiguous: it is only used together with r in in0(...)"
+    assert e.value.hint is not None and "plain subscript" in e.value.hint
