@@ -40,6 +40,10 @@ class Workload:
     rtol: float = 1e-4
     atol: float = 1e-5
     note: str = ""
+    # Run through pt.einsum(einsum, *inputs) rather than the TC function (which is then
+    # the TC the spec lowers to); the last inputs are the tables named here.
+    einsum: str = ""
+    tables: tuple[str, ...] = ()
 
     @property
     def name(self) -> str:
