@@ -45,6 +45,21 @@ class Workload:
     einsum: str = ""
     tables: tuple[str, ...] = ()
 
+    def tc_arguments(self, inputs: Arrays) -> tuple[Any, ...]:
+        """The TC function's arguments for these inputs: those of an einsum with tables
+        end with the sizes pt.einsum computes from the tables' values per call."""
+        if not self.tables:
+            return inputs
+        from polytile.einsum.lower import extent_value, lower
+        from polytile.einsum.spec import parse_spec
+
+        n = len(inputs) - len(self.tables)
+        tables = dict(zip(self.tables, inputs[n:]))
+        lowered = lower(parse_spec(self.einsum), [str(a.dtype) for a in inputs[:n]],
+                        {t: str(a.dtype) for t, a in tables.items()})
+        shapes = [a.shape for a in inputs[:n]]
+        return (*inputs, *(extent_value(e, shapes, tables) for e in lowered.extents))
+
     @property
     def name(self) -> str:
         return f"{self.key} " + "x".join(str(v) for _, v in self.sizes)
