@@ -183,3 +183,15 @@ def test_an_index_tc_cannot_size_is_a_range_inference_error() -> None:
         pt.einsum("b(2h+r+3)->bh", np.ones((2, 9), np.float32))
     assert e.value.message == "range of h is ambiguous: it is only used together with r in in0(...)"
     assert e.value.hint is not None and "plain subscript" in e.value.hint
+
+
+@pytest.mark.parametrize("spec, make, want", [
+    ("ij->", lambda x: (x,), lambda x: x.sum()),
+    ("ii->i", lambda x: (x,), np.diagonal),
+    (",ij->ij", lambda x: (np.float32(3), x), lambda x: 3 * x),
+    ("(-i+2)j->ij", lambda x: (x,), lambda x: x[::-1]),
+    ("i(j+1),j->i", lambda x: (x, x[0, :2].copy()), lambda x: x[:, 1:] @ x[0, :2]),
+])
+def test_numpy_einsum_forms(spec: str, make, want) -> None:  # type: ignore[no-untyped-def]
+    x = np.random.default_rng(5).standard_normal((3, 3)).astype(np.float32)
+    np.testing.assert_allclose(pt.einsum(spec, *make(x)), want(x), rtol=1e-5, atol=1e-6)
