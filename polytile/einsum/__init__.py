@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     import numpy as np
 
     from polytile.api import Module
+    from polytile.tune.tuner import TuneResult
 
 __all__ = ["EinsumProgram", "clear_cache", "compile_einsum", "einsum", "einsum_tc", "parse_spec"]
 
@@ -69,6 +70,25 @@ class EinsumProgram:
 
     def call(self, operands: Sequence[Any], tables: dict[str, Any],
              views: Sequence[np.ndarray], table_views: dict[str, np.ndarray]) -> Any:
+        return self.module[FUNCTION](*self.arguments(operands, tables, views, table_views))
+
+    def tune(self, *operands: Any, tables: dict[str, Any] | None = None,
+             **settings: Any) -> TuneResult:
+        """Autotune the kernel for these operands and tables (settings as
+        `polytile.tune`: budget="60s", strategy=...); later calls with these shapes, in
+        any process, use the best options. The tuner runs on these very values, so a
+        table's lookups stay in range."""
+        tables = dict(tables or {})
+        args = self.arguments(operands, tables,
+                              [_view(x, f"operand {k}") for k, x in enumerate(operands)],
+                              {n: _view(t, f"table {n}") for n, t in tables.items()})
+        return self.module[FUNCTION].tune(*args, **settings)
+
+    def arguments(self, operands: Sequence[Any], tables: dict[str, Any],
+                  views: Sequence[np.ndarray], table_views: dict[str, np.ndarray]
+                  ) -> list[Any]:
+        """The TC function's arguments: operands, tables, then the sizes computed from
+        the tables; checked against the spec."""
         spec = self.lowered.spec
         if len(operands) != len(spec.operands):
             raise ArgumentError(f"the spec has {len(spec.operands)} operand(s), the call "
@@ -78,14 +98,16 @@ class EinsumProgram:
                 raise ArgumentError(f"operand {k} has {view.ndim} dimension(s), its "
                                     f"subscripts name {len(op.subscripts)}", op.loc)
         for term in spec.tables:
-            if term.table in table_views and table_views[term.table].ndim != len(term.args):
+            if term.table not in table_views:
+                raise ArgumentError(f"the spec reads table {term.table}, which the call does "
+                                    "not pass", term.loc, f"pass it by keyword: {term.table}=array")
+            if table_views[term.table].ndim != len(term.args):
                 raise ArgumentError(f"table {term.table} has {table_views[term.table].ndim} "
                                     f"dimension(s), the spec looks it up with "
                                     f"{len(term.args)}", term.loc)
         shapes = [tuple(v.shape) for v in views]
         sizes = [extent_value(e, shapes, table_views) for e in self.lowered.extents]
-        args = [*operands, *(tables[key] for key, _ in self.lowered.tables), *sizes]
-        return self.module[FUNCTION](*args)
+        return [*operands, *(tables[key] for key, _ in self.lowered.tables), *sizes]
 
 
 def compile_einsum(spec: str, operand_types: tuple[str, ...],

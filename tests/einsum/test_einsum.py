@@ -222,3 +222,24 @@ def test_the_kernels_run_through_pointer_increments(spec: str, tables) -> None: 
     assert any("ptrinc" in b.tags for b in found)
     assert any(isinstance(s, N.Load) and s.offset is not None
                for b in found if "contraction" in b.tags for s in b.stmts)
+
+
+def test_tuning_runs_on_the_callers_tables_and_later_calls_use_it(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The tuner's own random inputs would send a shift table out of range; tuning through
+    the program runs on the caller's values, and pt.einsum then compiles with the best."""
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((2, 6, 9, 10)).astype(np.float32)
+    w = rng.standard_normal((6, 5)).astype(np.float32)
+    sh = rng.integers(-1, 2, 6).astype(np.int32)
+    sh[0] = 1                  # so the reference's one-row border on each side fits
+    spec = "nc(h+1+sh[c])w,ck->nkhw"
+    program = compile_einsum(spec, ("float32", "float32"), (("sh", "int32"),))
+    result = program.tune(x, w, tables={"sh": sh}, candidates=3, progress=False)
+    assert result.candidates >= 1
+    assert result.key.signature.endswith("| 7")          # h in 0:9-1-max(sh), from the table
+    from polytile.config import load_config
+    from polytile.tune.database import lookup
+    assert lookup(load_config(), result.key) is not None       # stored for later calls
+    want = _shift_reference(np.pad(x, ((0, 0), (0, 0), (0, 0), (1, 1))), sh,
+                            np.zeros(6, np.int32), w)
+    np.testing.assert_allclose(pt.einsum(spec, x, w, sh=sh), want, rtol=1e-4, atol=1e-4)
