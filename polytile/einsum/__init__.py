@@ -151,7 +151,14 @@ def _view(value: Any, what: str) -> np.ndarray:
 
 
 def _type_name(view: np.ndarray, what: str) -> str:
-    dtype = dtypes.from_numpy(view.dtype)
-    if dtype is None:
+    name = _tc_type(view.dtype)
+    if name is None:
         raise ArgumentError(f"{what} has dtype {view.dtype}, which polytile does not support")
-    return dtype.name
+    return name
+
+
+@lru_cache(maxsize=64)
+def _tc_type(dtype: np.dtype) -> str | None:
+    """The TC type name of a NumPy dtype (cached: a call looks up each operand's)."""
+    found = dtypes.from_numpy(dtype)
+    return found.name if found is not None else None

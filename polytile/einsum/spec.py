@@ -19,6 +19,7 @@ caret under the offending character, as the TC parser's do.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 from polytile.errors import ParseError, Source, SourceLoc, abbreviate
 
@@ -96,9 +97,9 @@ class Spec:
     operands: tuple[Operand, ...]
     output: tuple[Letter, ...]
 
-    @property
+    @cached_property
     def tables(self) -> tuple[TableTerm, ...]:
-        """Every table lookup, in order of appearance."""
+        """Every table lookup, in order of appearance (computed once: calls check them)."""
         return tuple(t for op in self.operands for s in op.subscripts for t in s.tables)
 
     def table_names(self) -> tuple[str, ...]:
