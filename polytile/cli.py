@@ -13,6 +13,7 @@
     polytile cache inject FILE.tc --sizes ... --options JSON|@FILE [--function NAME]
     polytile bench [--quick] [--only NAME[,NAME]] [--latency | --training] [--write [FILE]] [--repeats N]
                    [--no-compile]
+    polytile einsum SPEC --shapes x=8,64,30,30 w=64,64,3,3 [--dtypes x=float64,...]
 """
 from __future__ import annotations
 
@@ -392,6 +393,10 @@ def main(argv: list[str] | None = None) -> int:
                            "tables (--write records them in benchmarks/RESULTS.md)")
     _add_bench_arguments(bench)
     bench.set_defaults(run=cmd_bench)
+    einsum = sub.add_parser("einsum", help="print the TC an einsum spec lowers to")
+    from polytile.einsum import command as einsum_command
+    einsum_command.add_arguments(einsum)
+    einsum.set_defaults(run=einsum_command.run)
     args = parser.parse_args(argv)
     try:
         # On a deep stack: a generated program's expressions may be thousands of levels deep.

@@ -49,7 +49,7 @@ def main(out_dir: str) -> int:
         args = case.make_inputs(np.random.default_rng(0))
         snapshot(case.source, case.function, args, out / re.sub(r"\W+", "_", case.name))
     for w in full_set() + quick_set():
-        args = w.make_inputs(np.random.default_rng(0))
+        args = w.tc_arguments(w.make_inputs(np.random.default_rng(0)))
         snapshot(w.tc, w.function, args, out / re.sub(r"\W+", "_", "bench " + w.name))
     print(f"wrote {len(list(out.iterdir()))} files to {out}")
     return 0

@@ -83,7 +83,7 @@ def run_workload(workload: Workload, *, backend: str = "c",
     """Check and time `workload`; one row per variant."""
     args = workload.make_inputs(np.random.default_rng(seed))
     expected = as_tuple(workload.numpy(*args))
-    function, compile_error = _define(workload, backend)
+    function, compile_error = polytile_function(workload, backend)
     torch_args = _torch_inputs(args) if use_torch and workload.torch is not None else None
     compiled = (_compile_torch(workload.torch, torch_args)
                 if use_compile and torch_args is not None and workload.torch is not None
@@ -144,12 +144,37 @@ def error_text(error: BaseException) -> str:
 
 
 # ------------------------------------------------------------------ building the impls
-def _define(workload: Workload, backend: str) -> tuple[Any, str | None]:
+def polytile_function(workload: Workload, backend: str) -> tuple[Any, str | None]:
+    """What the polytile column calls with the workload's inputs, or why there is none."""
     try:
         import polytile
+        if workload.einsum:
+            return _einsum(workload, backend), None
         return polytile.define(workload.tc, backend=backend)[workload.function], None
     except Exception as e:  # noqa: BLE001 - any failure is a FAILED row, never a crash
         return None, error_text(e)
+
+
+def _einsum(workload: Workload, backend: str) -> Any:
+    """The workload through pt.einsum (its per-call work included), called as the TC
+    function would be: the last inputs are the tables."""
+    from polytile.einsum import compile_einsum, einsum
+
+    n = len(workload.tables)
+    if backend != "c":
+        def interpreted(*inputs: Any) -> Any:
+            operands = inputs[:len(inputs) - n]
+            program = compile_einsum(workload.einsum, tuple(str(a.dtype) for a in operands),
+                                     tuple((t, str(a.dtype)) for t, a in
+                                           zip(workload.tables, inputs[len(inputs) - n:])),
+                                     backend)
+            return program(*operands, **dict(zip(workload.tables, inputs[len(inputs) - n:])))
+        return interpreted
+
+    def run(*inputs: Any) -> Any:
+        return einsum(workload.einsum, *inputs[:len(inputs) - n],
+                      **dict(zip(workload.tables, inputs[len(inputs) - n:])))
+    return run
 
 
 def _torch_inputs(args: Arrays) -> tuple[Any, ...] | None:

@@ -40,6 +40,25 @@ class Workload:
     rtol: float = 1e-4
     atol: float = 1e-5
     note: str = ""
+    # Run through pt.einsum(einsum, *inputs) rather than the TC function (which is then
+    # the TC the spec lowers to); the last inputs are the tables named here.
+    einsum: str = ""
+    tables: tuple[str, ...] = ()
+
+    def tc_arguments(self, inputs: Arrays) -> tuple[Any, ...]:
+        """The TC function's arguments for these inputs: those of an einsum with tables
+        end with the sizes pt.einsum computes from the tables' values per call."""
+        if not self.tables:
+            return inputs
+        from polytile.einsum.lower import extent_value, lower
+        from polytile.einsum.spec import parse_spec
+
+        n = len(inputs) - len(self.tables)
+        tables = dict(zip(self.tables, inputs[n:]))
+        lowered = lower(parse_spec(self.einsum), [str(a.dtype) for a in inputs[:n]],
+                        {t: str(a.dtype) for t, a in tables.items()})
+        shapes = [a.shape for a in inputs[:n]]
+        return (*inputs, *(extent_value(e, shapes, tables) for e in lowered.extents))
 
     @property
     def name(self) -> str:

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from polytile.bench.contractions import gconv, mlp1, mlp3, tbmm, tmm, two_lut
+from polytile.bench.einsums import conv_einsum, shift_conv_einsum
 from polytile.bench.memorybound import batchnorm, bias_gelu_residual, groupnorm, layernorm, softmax
 from polytile.bench.workload import Workload
 
@@ -31,6 +32,8 @@ def full_set() -> list[Workload]:
         batchnorm(64, 256, 28, 28),
         groupnorm(64, 32, 8, 28, 28),
         bias_gelu_residual(4096, 4096),
+        shift_conv_einsum(8, 256, 256, 28, 28),
+        conv_einsum(1, 64, 64, 56, 56),
     ]
 
 
@@ -47,6 +50,8 @@ def quick_set() -> list[Workload]:
         batchnorm(4, 6, 7, 5),
         groupnorm(3, 4, 2, 7, 5),
         bias_gelu_residual(33, 101),
+        shift_conv_einsum(2, 5, 3, 7, 6),
+        conv_einsum(2, 3, 5, 9, 7),
     ]
 
 

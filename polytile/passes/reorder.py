@@ -69,7 +69,10 @@ def vector_loop_order(block: N.Block) -> tuple[str, ...]:
     # Parallel loops first, then reductions, each in the block's order: ties keep it.
     loops = [n for n in loops if n in written] + [n for n in loops if n not in written]
     inputs = [r for r in block.refs if r.dir == "in"]
-    if not inputs:
+    if not inputs or any(isinstance(x, N.Load) and x.offset is not None for x in block.stmts):
+        # A pointer-incremented operand (pass ptrinc) moves along the reduction through a
+        # table, invisible in its view's strides; the increments exist so that the
+        # reduction runs innermost on register accumulators.
         return tuple(loops)
     ranges = {i.name: i.range for i in block.idxs if i.affine is None}
 

@@ -68,3 +68,25 @@ def test_disabled_and_vector_blocks_keep_their_indices() -> None:
     after = reorder(tagged, GENERIC, {})
     assert block(after, "s0").idxs == s0.idxs                  # the indices stay
     assert block(after, "s0").schedule.order == ("i",)         # the order is recorded
+
+
+def test_pointer_incremented_leaves_keep_the_reduction_innermost() -> None:
+    """A shift convolution after ptrinc reads X through a table of increments per c, so
+    X's view shows no stride for c and Wt (stride K along c) would put c outside l (h),
+    aggregating into memory after every c; c stays innermost, on register accumulators
+    (4.8x faster on the paper's 8x256x256 28x28 on the AMD EPYC host)."""
+    from polytile.passes.autotile import autotile
+    from polytile.passes.ptrinc import ptrinc
+    source = ("def sc(float(N,C,H,W) X, int32(C) SH, float(C,K) Wt) -> (O) {\n"
+              "  O(i,j,l,w) +=! X(i, c, l + SH(c), w) * Wt(c,j) where l in 0:H-3\n}\n")
+    fn = lowered(source, {"X": (4, 64, 8, 20), "SH": (64,), "Wt": (64, 24)})
+    avx512 = target("cpu-avx512")
+    before = autotile(ptrinc(fn, avx512, {}), avx512, {})
+    after = reorder(before, avx512, {})
+    leaf, = [b for b in leaves(after.body) if "contraction" in b.tags and b.schedule.vector]
+    assert any(isinstance(s, N.Load) and s.offset for s in leaf.stmts)
+    written = {n for r in leaf.refs if r.dir != "in" for a in r.access for n in a.names}
+    order = leaf.schedule.order
+    assert len(order) >= 2 and order[-1] not in written        # the reduction innermost
+    assert all(n in written for n in order[:-1])
+    check_pass("reorder_ptrinc_leaf", before, after)

@@ -30,9 +30,10 @@ WORKLOADS = {w.name: w for w in quick_set() + [w for w in full_set()
 def _spec(workload):  # type: ignore[no-untyped-def]
     import numpy as np
     fn = next(f for f in analyze(parse(workload.tc)).functions if f.name == workload.function)
-    args = workload.make_inputs(np.random.default_rng(0))
+    args = workload.tc_arguments(workload.make_inputs(np.random.default_rng(0)))
     shapes = {p.name: a.shape for p, a in zip(fn.params, args) if p.kind == "input"}
-    return specialize(fn, shapes, {})
+    return specialize(fn, shapes, {p.name: a for p, a in zip(fn.params, args)
+                                   if p.kind == "scalar"})
 
 
 def test_options_round_trip_through_json() -> None:
@@ -146,7 +147,8 @@ def test_half_width_points_compile_and_match_numpy(name: str, target_name: str,
     assert module.compiler is not None
     module.compiler.options = options.pass_options()
     args = workload.make_inputs(np.random.default_rng(0))
-    got, expected = module[workload.function](*args), workload.numpy(*args)
+    got = module[workload.function](*workload.tc_arguments(args))
+    expected = workload.numpy(*args)
     np.testing.assert_allclose(got, expected, rtol=workload.rtol, atol=workload.atol)
 
 
@@ -213,7 +215,7 @@ def test_every_pipeline_variant_compiles_and_matches_numpy(name: str, tmp_path: 
         options = space.decode(space.encode(Options.of({}, dict(variant.passes))))
         assert options is not None and options.passes == variant.passes
         module.compiler.options = options.pass_options()
-        got = module[workload.function](*args)
+        got = module[workload.function](*workload.tc_arguments(args))
         np.testing.assert_allclose(got, expected, rtol=workload.rtol, atol=workload.atol,
                                    err_msg=options.text())
 
