@@ -8,10 +8,12 @@ A spec is parsed once (`spec.parse_spec`), lowered to one TC function per operan
 table types (`lower.lower`), and defined as a polytile Module, which compiles a kernel
 per set of shapes; both are cached, so a repeated call costs a dictionary look-up and
 the Module's own call. Operands go to the Module unchanged, so every kind of array its
-adapters accept works, and the outputs are of the first operand's kind.
+adapters accept works, and the outputs are of the first operand's kind; torch tensors
+that require grad go through polytile.torch.op, so the result is differentiable.
 """
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -70,7 +72,15 @@ class EinsumProgram:
 
     def call(self, operands: Sequence[Any], tables: dict[str, Any],
              views: Sequence[np.ndarray], table_views: dict[str, np.ndarray]) -> Any:
-        return self.module[FUNCTION](*self.arguments(operands, tables, views, table_views))
+        args = self.arguments(operands, tables, views, table_views)
+        if _wants_gradients(operands):          # torch tensors that require grad
+            import numpy
+            import torch
+
+            import polytile.torch as ptt
+            args = [torch.from_numpy(a) if isinstance(a, numpy.ndarray) else a for a in args]
+            return ptt.op(self.module[FUNCTION])(*args)
+        return self.module[FUNCTION](*args)
 
     def tune(self, *operands: Any, tables: dict[str, Any] | None = None,
              **settings: Any) -> TuneResult:
@@ -133,6 +143,13 @@ def _program(spec: str, operand_types: tuple[str, ...], table_types: tuple[tuple
         raise RangeInferenceError(e.message, e.loc, "an index needs a size: give it a plain "
                                   "subscript in some operand (the filter's r in 'ckrs')") from None
     return EinsumProgram(lowered, module)
+
+
+def _wants_gradients(operands: Sequence[Any]) -> bool:
+    """Autograd should see this call (torch is never imported here for it)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and torch.is_grad_enabled() and any(
+        isinstance(x, torch.Tensor) and x.requires_grad for x in operands)
 
 
 def clear_cache() -> None:

@@ -169,3 +169,20 @@ def test_refuses_what_it_cannot_run(ops: dict) -> None:
         ops["fcrelu"](np.zeros((5, 7), np.float32), w, b)
     with pytest.raises(pt.ArgumentError, match="mod.name"):
         ptt.op(lambda x: x)                                # type: ignore[arg-type]
+
+
+def test_einsum_on_tensors_that_require_grad_is_differentiable() -> None:
+    x = torch.randn(2, 3, 9, 8, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(4, 3, 3, 2, dtype=torch.float64, requires_grad=True)
+    y = pt.einsum("nc(h+r)(v+s),kcrs->nkhv", x, w)
+    x2, w2 = x.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
+    want = F.conv2d(x2, w2)
+    torch.testing.assert_close(y, want)
+    seed = torch.randn_like(want)
+    y.backward(seed)
+    want.backward(seed)
+    torch.testing.assert_close(x.grad, x2.grad)
+    torch.testing.assert_close(w.grad, w2.grad)
+    shifts = np.array([0, 2, 1], np.int64)
+    shifted = lambda x, w: pt.einsum("nc(h+s[c])v,kc->nkhv", x, w, s=shifts)  # noqa: E731
+    assert torch.autograd.gradcheck(shifted, (x, w[:, :, 0, 0].detach().requires_grad_()))
