@@ -59,6 +59,9 @@ def bind_sizes(fn: P.Function, shapes: Mapping[str, tuple[int, ...]],
             origin.setdefault(name, p.name)
     for p in fn.params:
         if p.kind == "scalar" and p.dtype.is_integral:
+            if p.name not in scalars:
+                raise ArgumentError(f"integer argument {p.name} of {fn.name} is not given",
+                                    p.loc, "sizes and ranges may depend on it")
             env[p.name] = int(scalars[p.name])
     return env
 
