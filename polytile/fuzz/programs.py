@@ -6,7 +6,8 @@ A program has 1-3 data inputs of any type and rank 0-3 over the sizes N, M, K (o
 constant), sometimes an integer index table X for gathers and scalar arguments s
 (integer) and f (float); then 1-4 statements `T(lhs) op rhs where ...` with every
 operator (`=`, `+=`, `*=`, `max=`, `min=` and the `!` forms), writing outputs or
-temporaries that later statements read. Right-hand sides mix reads with affine
+temporaries that later statements read; some `+=` updates scatter (`T(i + 1) += ...`,
+`T(X(i)) += ...`). Right-hand sides mix reads with affine
 subscripts (`i`, `i + 1`, `i - 2`, `2 * i`, `i + j`, `s`), gathers `A(X(i))`,
 arithmetic, comparisons, logic, ternaries, builtins, casts, literals of every
 spelling, index values, sizes, `A.0`, scalars and `where` lets.
@@ -239,6 +240,14 @@ def _statement(draw: st.DrawFn, fn: _Function, first: bool) -> ast.Assign:
         value = _expr(draw, scope, draw(st.sampled_from(_BUDGETS[:6])))
         where.append(ast.Let("v", value))
         scope.lets.append("v")
+    indices: tuple[ast.Name, ...] = tuple(ast.Name(i) for i in lhs)
+    scatter: tuple[ast.Expr, ...] = ()
+    if update and op == "+=" and lhs and draw(st.booleans()):
+        # A scatter: one subscript becomes an expression (`T(i + 1) += ...`, `T(X(i))`).
+        subs: list[ast.Expr] = list(indices)
+        subs[draw(st.integers(0, len(subs) - 1))] = _subscript(draw, scope)
+        indices, scatter = (), tuple(subs)
+        scope.tensors = {n: r for n, r in scope.tensors.items() if n != target}
     rhs = _expr(draw, scope, draw(st.sampled_from(_BUDGETS)))
     if update and op == "=":    # an in-place update: T(i) = f(T(i), ...)
         own = ast.Call(target, tuple(ast.Name(i) for i in lhs))
@@ -253,8 +262,8 @@ def _statement(draw: st.DrawFn, fn: _Function, first: bool) -> ast.Assign:
             subs[draw(st.integers(0, len(subs) - 1))] = ast.Name(index)
             scope.bound.add(index)
             rhs = ast.Binary(draw(st.sampled_from(("*", "+", "-"))), rhs, ast.Call(name, tuple(subs)))
-    used = set(lhs) | {n.name for e in [rhs] + [w.value for w in where
-                                                 if isinstance(w, ast.Let)]
+    used = set(lhs) | {n.name for e in [rhs, *scatter] + [w.value for w in where
+                                                          if isinstance(w, ast.Let)]
                        for n in _nodes(e) if isinstance(n, ast.Name)}
     for index in scope.indices:
         if index in used and index not in scope.bound and draw(st.integers(0, 19)) != 0:
@@ -269,8 +278,8 @@ def _statement(draw: st.DrawFn, fn: _Function, first: bool) -> ast.Assign:
         if target not in ("T", "U"):
             fn.outputs.append(target)
     op_text, init = (op[:-1], True) if op.endswith("!") else (op, False)
-    return ast.Assign(target, tuple(ast.Name(i) for i in lhs), op_text, init, rhs,
-                      tuple(draw(st.permutations(where))))
+    return ast.Assign(target, indices, op_text, init, rhs,
+                      tuple(draw(st.permutations(where))), scatter=scatter)
 
 
 def _definition(draw: st.DrawFn, name: str) -> ast.Def:
