@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch.autograd.function import once_differentiable
 
 from polytile.api import TCFunction, define
 from polytile.autodiff import Backward, backward, forward_saving
@@ -144,6 +145,7 @@ class _Eager(torch.autograd.Function):
         return output
 
     @staticmethod
+    @once_differentiable          # no second derivatives: refused, never silently zero
     def backward(ctx: Any, *grads: Any) -> Any:        # type: ignore[override]
         return (None, *ctx.op.backward(ctx, grads))
 

@@ -186,3 +186,11 @@ def test_einsum_on_tensors_that_require_grad_is_differentiable() -> None:
     shifts = np.array([0, 2, 1], np.int64)
     shifted = lambda x, w: pt.einsum("nc(h+s[c])v,kc->nkhv", x, w, s=shifts)  # noqa: E731
     assert torch.autograd.gradcheck(shifted, (x, w[:, :, 0, 0].detach().requires_grad_()))
+
+
+def test_second_derivatives_are_refused_not_zero(ops: dict) -> None:
+    x, w, b = _arguments([(5, 7), (3, 7), (3,)], torch.float32, 6)
+    y = ops["softmax"](ops["fcrelu"](x, w, b))
+    (gx,) = torch.autograd.grad(y.sum() * 0 + (y * y).sum(), x, create_graph=True)
+    with pytest.raises(RuntimeError, match="once_differentiable|does not require grad"):
+        gx.sum().backward()
