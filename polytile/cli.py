@@ -156,7 +156,9 @@ def cmd_targets(args: argparse.Namespace) -> int:
                 else "yes" + (f", with {', '.join(sorted(set(t.optional) & host))}"
                               if set(t.optional) & host else ""))
         rows.append((t.name, t.backend, f"{t.vector_bytes * 8} bit",
-                     ",".join(t.requires) or "-", ",".join(t.optional) or "-", runs))
+                     ",".join(t.requires) or ("an OpenCL device" if t.backend == "opencl"
+                                              else "-"),
+                     ",".join(t.optional) or "-", runs))
     _print_table(rows)
     return 0
 
