@@ -71,7 +71,7 @@ class OpenCLBackend:
         return BuildResult(path, source_path, ("pyopencl", *flags), said,
                            time.perf_counter() - start)
 
-    def load(self, binary: Path, fn: N.Function) -> OpenCLKernel:
+    def load(self, binary: Path, fn: N.Function) -> OpenCLKernel:  # a kernel.Runnable
         from polytile.runtime.opencl import load_program
         kernel = lowered(fn)
         plan = print_opencl(kernel).launches

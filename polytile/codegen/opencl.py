@@ -99,10 +99,14 @@ class _KernelPrinter(_Printer):
     def locals(self, buffers: tuple[L.Buffer, ...], fail: _Target, top_level: bool = False
                ) -> tuple[list[str], list[str]]:
         """A work-item's private arrays (the lowering placed every nested local on the
-        stack); filled as the C printer fills them."""
+        stack); filled as the C printer fills them. Shared buffers are the work-group's
+        `__local` arrays, declared at the kernel's top (OpenCL allows them nowhere else)."""
         lines = []
         for b in buffers:
-            if b.placement != "stack" or b.space == "shared":
+            self.buffers[b.name] = b
+            if b.space == "shared":
+                continue
+            if b.placement != "stack":
                 raise UnsupportedError(f"local buffer {b.name} ({b.placement}, {b.space}) has "
                                        "no OpenCL form yet")
             self.buffers[b.name] = b
@@ -112,6 +116,12 @@ class _KernelPrinter(_Printer):
                 lines.append(f"for (long pt_j = 0; pt_j < {b.size}; pt_j++) "
                              f"{b.name}[pt_j] = {cexpr.nan_storage(b.dtype)};")
         return lines, []
+
+    def stmt(self, st: L.Stmt, fail: _Target) -> list[str]:
+        if isinstance(st, L.Barrier):
+            fence = "CLK_LOCAL_MEM_FENCE" if st.space == "shared" else "CLK_GLOBAL_MEM_FENCE"
+            return [f"barrier({fence});"]
+        return super().stmt(st, fail)
 
     def loop(self, st: L.Loop, fail: _Target) -> list[str]:
         if st.kind == "parallel":
@@ -142,8 +152,32 @@ class _KernelPrinter(_Printer):
         threads = " x ".join(map(str, self.launch.threads))
         head = (f"/* {self.launch.name}: {size} work-groups of {threads} work-items */\n"
                 f"__kernel void {self.launch.name}(" + ",\n    ".join(args) + ")\n{\n")
-        lines = ["if (*pt_flag != 0)", "    return;  /* an earlier launch failed */", *body]
+        shared = [f"__local {b.dtype.c_name} {b.name}[{max(1, b.size)}];  /* {_comment(b.label)} */"
+                  for b in _shared(self.launch.body)]
+        lines = [*shared, "if (*pt_flag != 0)", "    return;  /* an earlier launch failed */",
+                 *body]
         return head + "\n".join(_indent(lines)) + "\n}\n"
+
+
+def _shared(stmts: tuple[L.Stmt, ...]) -> list[L.Buffer]:
+    """The shared (work-group) buffers allocated anywhere in `stmts`."""
+    found: list[L.Buffer] = []
+    for st in stmts:
+        if isinstance(st, L.Alloc):
+            found += [b for b in st.buffers if b.space == "shared"]
+        for body in _bodies(st):
+            found += _shared(body)
+    return found
+
+
+def _bodies(st: L.Stmt) -> list[tuple[L.Stmt, ...]]:
+    if isinstance(st, (L.Loop, L.Alloc)):
+        return [st.body]
+    if isinstance(st, L.If):
+        return [st.then, st.else_]
+    if isinstance(st, L.Switch):
+        return [body for _, body in st.cases]
+    return []
 
 
 def print_opencl(kernel: L.Kernel) -> OpenCLSource:

@@ -216,6 +216,19 @@ class Tensorized:
 
 
 @dataclass(frozen=True)
+class Staged:
+    """A GPU thread tile's reduction staged through local (shared) memory (TC §5.5): its
+    reduction index `index` runs in tiles of `tile` iterations; per tile the work-group
+    copies the box of each of `refs` (inputs several of its work-items read) into local
+    memory, waits at a barrier, and each work-item adds its terms from there into an
+    accumulator held in a register, stored once at the end."""
+
+    index: str
+    tile: int
+    refs: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class BlockSchedule:
     """How a block's iterations run: decided by passes, recorded here as data, printed
     by backends (which decide nothing). The default is plain serial loops.
@@ -238,7 +251,9 @@ class BlockSchedule:
     * prefetch: a vector micro-kernel's data-dependent (gathered) loads are prefetched
       this many iterations of its innermost reduction loop ahead (0: not at all): the
       rows a gather reads are scattered, so no hardware prefetcher sees them coming;
-    * tensorize: the block is one tensorized instruction's loop nest (pass `tensorize`).
+    * tensorize: the block is one tensorized instruction's loop nest (pass `tensorize`);
+    * stage: a GPU thread tile's reduction runs in tiles through local memory, with its
+      accumulator in a register (pass `gpu`; `Staged`).
     """
 
     micro: bool = False
@@ -252,6 +267,7 @@ class BlockSchedule:
     gpu: tuple[tuple[str, str], ...] = ()
     prefetch: int = 0
     tensorize: Tensorized | None = None
+    stage: Staged | None = None
 
 
 @dataclass(frozen=True)

@@ -150,6 +150,8 @@ def format_schedule(s: BlockSchedule) -> str:
     if s.tensorize is not None:
         t = s.tensorize
         items.append(f"tensorize({t.instruction}, {t.lane}, {t.reduction})")
+    if s.stage is not None:
+        items.append(f"stage({s.stage.index}, {s.stage.tile}, {', '.join(s.stage.refs)})")
     return f"schedule({', '.join(items)})"
 
 

@@ -4,25 +4,31 @@ schedule).
 
 Each top-level statement block is one kernel launch. Its mappable indices are those whose
 iterations write disjoint elements whatever the block's other indices do (proved with isl:
-`polyhedra.writes_disjoint` with the index first); up to `dims` of them, outermost first,
-are split by tiling into a grid index (`i_g`, one work-group per tile) and a thread index
+`polyhedra.writes_disjoint` with the index first); the innermost `dims` of them are split by tiling into a grid index (`i_g`, one work-group per tile) and a thread index
 (`i`, one work-item per point of the tile):
 
     block s [i:100, j:60, k:64]          block s [i_g:13, j_g:4] schedule(grid(i_g), grid(j_g))
                                   ->       block s_tile [i:8, j:16, k:64, i_g = i_g, j_g = j_g]
                                              schedule(thread(i), thread(j))   + overflow constraint
 
-The innermost mapped index gets the most threads (`threads` per work-group in all; it is
-usually the output's unit-stride dimension, so neighbouring work-items touch neighbouring
-elements). A tile that does not divide its range adds the tiling's overflow constraint: the
+A work-group has up to `threads` work-items, shared out by doubling each mapped index's
+share in turn, innermost first (the innermost is usually the output's unit-stride
+dimension, so neighbouring work-items touch neighbouring elements). A tile that does not divide its range adds the tiling's overflow constraint: the
 work-items past the end of the last tile do nothing, the others run the same code. Indices
 that are not mapped (reductions, and indices whose iterations share output elements) stay
 serial loops inside a work-item; a block with no mappable index runs in one work-item.
 Local buffers of a block stay private to each work-item. The thread tile sizes are the
 inner block's ranges, so the schedule holds every decision the backend needs.
+
+Promotion (TC §5.5): a thread tile that is a reduction (one store, adding into its output)
+stages the inputs its work-items share (an access missing a thread index: `A(i, k)` is
+read by every `j`) through local memory, `tile_k` iterations of its first reduction index
+at a time, within `shared_bytes`, and keeps its accumulator in a register
+(`BlockSchedule.stage`, lowered by polytile.loops.gpu_tile).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from typing import Any
 
@@ -34,9 +40,12 @@ from polytile.passes.tile import tile
 from polytile.targets.target import Target
 
 DEFAULT_THREADS = 64     # work-items per work-group
-DEFAULT_DIMS = 2         # mapped indices per kernel
+DEFAULT_DIMS = 3         # mapped indices per kernel
 MAX_DIMS = 3             # OpenCL and CUDA index spaces have three dimensions
 MAX_THREADS = 1024       # CUDA's limit, below OpenCL devices' usual one
+DEFAULT_TILE_K = 16      # reduction iterations per staged tile (0: no staging)
+DEFAULT_SHARED_BYTES = 16384   # local memory a work-group's staged tiles may take
+MAX_TILE_K = 256
 
 
 def mappable(block: N.Block) -> list[str]:
@@ -53,21 +62,70 @@ def mappable(block: N.Block) -> list[str]:
 
 
 def thread_sizes(block: N.Block, mapped: list[str], threads: int) -> dict[str, int]:
-    """Work-items per work-group along each mapped index: the innermost as many as it has
-    iterations, up to `threads`; each outer one what is left of the budget."""
-    sizes: dict[str, int] = {}
-    left = threads
-    for name in reversed(mapped):
-        size = max(1, min(block.index(name).range, left))
-        sizes[name] = size
-        left = max(1, left // size)
+    """Work-items per work-group along each mapped index: the sizes double in turn,
+    innermost first, while the group stays within `threads` and a size within its range
+    (64 threads over two long indices: 8 x 8, a square tile whose staged inputs are reused
+    8 times each; over one: 64)."""
+    sizes = {name: 1 for name in mapped}
+    grown = True
+    while grown:
+        grown = False
+        for name in reversed(mapped):
+            if math.prod(sizes.values()) * 2 <= threads \
+                    and sizes[name] < block.index(name).range:
+                sizes[name] = min(2 * sizes[name], block.index(name).range)
+                grown = True
     return sizes
 
 
+def box(ref: N.Refinement, ranges: dict[str, int]) -> int:
+    """Elements of the smallest box holding what `ref` reads while the indices in
+    `ranges` take that many values each (the others fixed)."""
+    size = 1
+    for a in ref.access:
+        size *= 1 + sum(abs(c) * (ranges[n] - 1) for n, c in a.terms if n in ranges)
+    return size
+
+
+def staging(block: N.Block, threads: list[str], tile_k: int, shared_bytes: int
+            ) -> N.Staged | None:
+    """How a thread tile stages its reduction through local memory (N.Staged), or None
+    where it does not: only a leaf whose one store adds into its output, with a reduction
+    loop and no data-dependent subscript; the staged inputs are those that some other
+    work-item of the group reads too (their access misses a thread index: TC's reuse
+    test), if their boxes for one reduction tile fit in `shared_bytes`."""
+    leaf = all(isinstance(st, (N.Load, N.Store, N.Intrinsic, N.Constant, N.LoadIndex))
+               for st in block.stmts)
+    # A data-dependent subscript is checked, and a failed check ends its work-item, which
+    # must not happen between barriers: such blocks are not staged.
+    if any(isinstance(st, N.Load) and (st.offset is not None or any(st.dynamic))
+           for st in block.stmts):
+        return None
+    stores = [st for st in block.stmts if isinstance(st, N.Store)]
+    if not leaf or len(stores) != 1 or block.ref(stores[0].ref).agg != "add":
+        return None
+    loops = {i.name: i.range for i in block.idxs if i.affine is None}
+    written = {n for a in block.ref(stores[0].ref).access for n in a.names}
+    reductions = [n for n, r in loops.items() if n not in threads and n not in written
+                  and r > 1]
+    if not reductions:
+        return None
+    index = reductions[0]
+    ranges = {**loops, index: min(tile_k, loops[index])}
+    read = {st.ref for st in block.stmts if isinstance(st, N.Load)}
+    staged = [r for r in block.refs if r.dir == "in" and r.from_ and r.into in read
+              and r.access and not all(any(a.coeff(t) for a in r.access) for t in threads)]
+    size = sum(box(r, ranges) * r.shape.dtype.numpy.itemsize for r in staged)
+    if not staged or size > shared_bytes:
+        return None
+    return N.Staged(index, ranges[index], tuple(r.into for r in staged))
+
+
 def map_block(block: N.Block, threads: int, dims: int,
-              parent_sizes: dict[str, tuple[int, ...]]) -> N.Block:
+              parent_sizes: dict[str, tuple[int, ...]], tile_k: int = 0,
+              shared_bytes: int = 0) -> N.Block:
     """`block` as a grid of work-groups over thread tiles (see the module docstring)."""
-    mapped = mappable(block)[:dims]
+    mapped = mappable(block)[-dims:]
     if not mapped:
         return block
     sizes = thread_sizes(block, mapped, threads)
@@ -84,6 +142,9 @@ def map_block(block: N.Block, threads: int, dims: int,
                     refs=tuple(private.get(r.into, r) for r in inner.refs),
                     schedule=replace(inner.schedule,
                                      gpu=tuple((n, "thread") for n in mapped)))
+    stage = staging(inner, mapped, tile_k, shared_bytes) if tile_k else None
+    if stage is not None:
+        inner = replace(inner, schedule=replace(inner.schedule, stage=stage))
     grid = tuple((i.name, "grid") for i in tiled.idxs if i.affine is None)
     return replace(tiled, refs=tuple(r for r in tiled.refs if r.into not in private),
                    stmts=(inner,), schedule=N.BlockSchedule(gpu=grid))
@@ -103,9 +164,11 @@ def gpu(fn: N.Function, target: Target, params: dict[str, Any]) -> N.Function:
     if not 1 <= threads <= MAX_THREADS or not 1 <= dims <= MAX_DIMS:
         raise ArgumentError(f"gpu.threads must be 1..{MAX_THREADS} and gpu.dims 1..{MAX_DIMS}, "
                             f"got {threads} and {dims}")
+    tile_k = params.get("tile_k", DEFAULT_TILE_K)
+    shared_bytes = params.get("shared_bytes", DEFAULT_SHARED_BYTES)
     sizes = {r.into: r.shape.sizes for r in fn.body.refs}
-    stmts = tuple(map_block(s, threads, dims, sizes) if isinstance(s, N.Block) else s
-                  for s in fn.body.stmts)
+    stmts = tuple(map_block(s, threads, dims, sizes, tile_k, shared_bytes)
+                  if isinstance(s, N.Block) else s for s in fn.body.stmts)
     return replace(fn, body=replace(fn.body, stmts=stmts))
 
 
@@ -123,4 +186,11 @@ def _dims(value: Any) -> str | None:
     return f"must be 1..{MAX_DIMS}, got {value}"
 
 
-register("gpu", gpu, threads=_threads, dims=_dims)
+def _tile_k(value: Any) -> str | None:
+    problem = count(value)
+    if problem or value <= MAX_TILE_K:
+        return problem
+    return f"must be 0..{MAX_TILE_K}, got {value}"
+
+
+register("gpu", gpu, threads=_threads, dims=_dims, tile_k=_tile_k, shared_bytes=count)

@@ -74,14 +74,14 @@ def _find_device() -> Device | str:
         return f"pyopencl ({e}; pip install 'polytile[gpu]')"
     try:
         platforms = cl.get_platforms()
-    except Exception as e:     # no ICD loader configuration: pyopencl raises its own errors
+    except Exception as e:  # noqa: BLE001 (no ICD configuration: pyopencl raises its own)
         return f"an OpenCL platform (pyopencl finds none: {e})"
     failures = []
     for platform in platforms:
         for device in platform.get_devices():
             try:
                 return _probe(cl, device)
-            except Exception as e:
+            except Exception as e:  # noqa: BLE001 (any failure: try the next device)
                 first = str(e).strip().splitlines()
                 failures.append(f"{device.name}: {first[-1] if first else type(e).__name__}")
     if not failures:

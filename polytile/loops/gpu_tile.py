@@ -1,0 +1,193 @@
+"""Lowering of a GPU thread tile whose reduction is staged through local memory
+(`BlockSchedule.stage`, decided by pass `gpu`; Tensor Comprehensions §5.5):
+
+    __local A_s[box of A for one tile], B_s[...]          (one per work-group)
+    thread i, thread j:                                   (every work-item of the group)
+      for the output indices no thread runs (uniform loops):
+        acc = 0                                           (a register)
+        for kt in 0..K step T:                            (the same trip count for all)
+            for e = my linear id; e < |A_s|; e += work-items:   A_s[e] = A[box origin + e]
+            ...                                           (0 where the box leaves A)
+            barrier
+            if the point is in the iteration space:       (overflow, where-clauses)
+                for k in kt..min(kt + T, K), other reductions:  acc += f(A_s[..], B_s[..], ...)
+            barrier
+        if (i, j) is an element of the output:  C[i, j] += acc
+
+Every work-item of a group runs the tile loop and reaches both barriers: the only
+divergence is in the boundary tiles, around the arithmetic and the final store. A staged
+input's box is the rectangular hull of what the group reads in one reduction tile (for
+`A(i, k)` with i over the group's rows and k over the tile: rows x T); a work-item reads
+the elements of the box whose position is its linear id modulo the group's size, so
+neighbouring work-items read neighbouring elements. Inputs that are not staged are read
+from global memory where the arithmetic needs them.
+
+A thread loop containing a barrier runs its iterations as work-items in lock-step between
+barriers, which only a GPU backend gives: the C printer and the loop IR interpreter refuse
+barriers.
+"""
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+from polytile import dtypes
+from polytile.errors import IRError, UnsupportedError
+from polytile.ir.nodes import Affine, Block, Refinement, Store
+from polytile.loops import nodes as L
+from polytile.loops.views import Scope, View, child_view, fixed_indices, resolve, safe
+
+if TYPE_CHECKING:
+    from polytile.loops.lower import Lowering
+
+INT64 = L.VType(dtypes.INT64)
+
+
+def _box(ref: Refinement, ranges: dict[str, int]) -> tuple[list[int], list[int]]:
+    """Per dimension of `ref`: the lowest offset from the origin point (all varying
+    indices 0) and the extent, while the indices in `ranges` take that many values."""
+    lows, extents = [], []
+    for a in ref.access:
+        varying = [(c, ranges[n]) for n, c in a.terms if n in ranges]
+        lows.append(sum(c * (r - 1) for c, r in varying if c < 0))
+        extents.append(1 + sum(abs(c) * (r - 1) for c, r in varying))
+    return lows, extents
+
+
+def lower_block(low: Lowering, blk: Block, outer: Scope) -> list[L.Stmt]:
+    stage = blk.schedule.stage
+    assert stage is not None
+    threads = [n for n, kind in blk.schedule.gpu if kind == "thread"]
+    idx = fixed_indices(blk, outer.idx)
+    loops = [i for i in blk.idxs if i.affine is None and i.range > 1]
+    var = {i.name: low.fresh("i") for i in loops}
+    thread_loops = [i for i in loops if i.name in threads]
+    (store,) = [st for st in blk.stmts if isinstance(st, Store)]
+    out_ref = blk.ref(store.ref)
+    written = {n for a in out_ref.access for n in a.names}
+    # Output indices that no thread runs: uniform serial loops around the accumulator.
+    outer_loops = [i for i in loops if i.name not in threads and i.name in written]
+    reductions = [i for i in loops if i.name not in threads and i.name not in written]
+    if stage.index not in var:
+        raise IRError(f"block {blk.name} stages index {stage.index}, which is not one of its "
+                      "loops")
+    tile_start = low.fresh("i")
+    at = {**idx, **{n: Affine.index(v) for n, v in var.items()}}
+    origin_at = {**idx, **{n: Affine.constant(0) for n in var},
+                 **{i.name: Affine.index(var[i.name]) for i in outer_loops},
+                 stage.index: Affine.index(tile_start)}
+    count = math.prod(i.range for i in thread_loops)
+    linear, stride = Affine(), 1
+    for i in reversed(thread_loops):      # the innermost thread index varies fastest
+        linear = linear + Affine.index(var[i.name]).scale(stride)
+        stride *= i.range
+    ranges = {i.name: i.range for i in thread_loops + reductions}
+    ranges[stage.index] = stage.tile
+
+    buffers: list[L.Buffer] = []
+    copies: list[L.Stmt] = []
+    views: dict[str, View] = {}
+    for name in stage.refs:
+        ref = blk.ref(name)
+        parent = outer.views[ref.from_]
+        origin = child_view(ref, parent, origin_at)
+        if origin.coords is None or origin.ptr not in low.sizes:
+            raise UnsupportedError(f"staged input {safe(name)} is not a view of a top-level "
+                                   "buffer of the same rank")
+        lows, extents = _box(ref, ranges)
+        shared = low.fresh("l")
+        size = math.prod(extents)
+        buffers.append(L.Buffer(shared, ref.shape.dtype, size, "stack", "shared",
+                                label=f"{safe(name)}: staged {'x'.join(map(str, extents))}"))
+        copies += _copy(low, origin, ref, shared, lows, extents, linear, count)
+        offset = Affine()
+        pitch = 1
+        for d in reversed(range(len(ref.access))):
+            moved = (resolve(ref.access[d], at, f"refinement {name!r}")
+                     - resolve(ref.access[d], origin_at, f"refinement {name!r}"))
+            offset = offset + (moved - lows[d]).scale(pitch)
+            pitch *= extents[d]
+        views[name] = View(shared, ref.shape.dtype, offset, ref.shape.dims, None, -1,
+                           ref.agg, False, safe(name))
+
+    reduced = {i.name for i in reductions}
+    if stage.index not in reduced:
+        raise IRError(f"block {blk.name} stages {stage.index}, which is not a reduction index")
+    for ref in blk.refs:
+        if ref.into not in views and ref.from_:
+            views[ref.into] = child_view(ref, outer.views[ref.from_], at)
+    out_view = views[out_ref.into]
+    acc = low.fresh("s")
+    scope = Scope(at, views, dict(outer.scalars), True)
+    body: list[L.Stmt] = []
+    for st in blk.stmts:
+        if st is store:
+            value = low.convert(*low.scalar(scope, st.value), out_view.dtype, "s", body)
+            body.append(L.Assign(acc, L.Combine("add", acc, value)))
+        else:
+            body += low.stmt(st, scope)
+    conds = [resolve(c, at, "a constraint") for c in blk.constraints]
+    if conds:
+        body = [L.If(tuple(conds), tuple(body))]
+    for i in reversed(reductions):
+        v = var[i.name]
+        if i.name == stage.index:
+            hi = L.IMin((Affine.index(tile_start) + stage.tile, Affine.constant(i.range)))
+            body = [L.Loop(v, Affine.index(tile_start), hi, tuple(body))]
+        else:
+            body = [L.Loop(v, Affine.constant(0), Affine.constant(i.range), tuple(body))]
+    staged_range = next(i.range for i in loops if i.name == stage.index)
+    tiles = L.Loop(tile_start, Affine.constant(0), Affine.constant(staged_range),
+                   (*copies, L.Barrier("shared"), *body, L.Barrier("shared")), step=stage.tile)
+    kept = [c for c in blk.constraints if not set(c.names) & reduced]
+    final: list[L.Stmt] = [L.Store(out_view.ptr, out_view.offset, acc, out_view.agg)]
+    if kept:
+        final = [L.If(tuple(resolve(c, at, "a constraint") for c in kept), tuple(final))]
+    work: list[L.Stmt] = [L.Var(acc, L.VType(out_view.dtype), L.Lit(0)), tiles, *final]
+    for i in reversed(outer_loops):
+        work = [L.Loop(var[i.name], Affine.constant(0), Affine.constant(i.range), tuple(work))]
+    for i in reversed(thread_loops):
+        work = [L.Loop(var[i.name], Affine.constant(0), Affine.constant(i.range), tuple(work),
+                       "thread")]
+    title = L.Comment(f"block {safe(blk.name)}: reduction {safe(stage.index)} in tiles of "
+                      f"{stage.tile}, {', '.join(map(safe, stage.refs))} staged in local memory")
+    return [title, L.Alloc(tuple(buffers), tuple(work))]
+
+
+def _copy(low: Lowering, origin: View, ref: Refinement, shared: str, lows: list[int],
+          extents: list[int], linear: Affine, count: int) -> list[L.Stmt]:
+    """The group's copy of one staged box: element e of the box by work-item e mod count;
+    0 where the box leaves the buffer (those elements are never used)."""
+    e = low.fresh("i")
+    body: list[L.Stmt] = []
+    positions: list[Affine] = []
+    pitch = 1
+    quotients: list[str] = []
+    for extent in reversed(extents):
+        q = low.fresh("d")
+        body.append(L.Let(q, INT64, L.IntValue(L.IDiv(Affine.index(e), pitch))))
+        quotients.append(q)
+        pitch *= extent
+    quotients.reverse()           # quotients[d] = floor(e / pitch of dimension d)
+    for d, extent in enumerate(extents):
+        position = Affine.index(quotients[d])
+        if d > 0:
+            position = position - Affine.index(quotients[d - 1]).scale(extent)
+        positions.append(position)
+    sizes = low.sizes[origin.ptr]
+    conds: list[L.IExpr] = []
+    address = origin.offset
+    assert origin.coords is not None
+    for d, (coord, dim) in enumerate(zip(origin.coords, ref.shape.dims)):
+        at = coord + lows[d] + positions[d]
+        conds += [at, Affine.constant(sizes[d] - 1) - at]
+        address = address + (positions[d] + lows[d]).scale(dim.stride)
+    value, zero = low.fresh("s"), low.fresh("s")
+    t = L.VType(origin.dtype)
+    body.append(L.If(tuple(conds),
+                     (L.Let(value, t, L.Read(origin.ptr, address)),
+                      L.Store(shared, Affine.index(e), value)),
+                     (L.Let(zero, t, L.Lit(0)), L.Store(shared, Affine.index(e), zero))))
+    size = math.prod(extents)
+    return [L.Loop(e, linear, Affine.constant(size), tuple(body), step=count)]
+
