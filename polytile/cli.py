@@ -270,6 +270,10 @@ def _add_bench_arguments(parser: argparse.ArgumentParser) -> None:
                         help="skip the torch.compile column (compiling takes 0.1-5 s per "
                              "workload, and ~30 s more for inductor's first C++ build while "
                              "its on-disk cache is cold)")
+    parser.add_argument("--target", default=None,
+                        help="compile polytile's kernels for this target, e.g. opencl (default: "
+                             "the host's best; on PoCL the times are functional, not a "
+                             "performance claim)")
     parser.add_argument("--backend", choices=("c", "interp"), default="c",
                         help=argparse.SUPPRESS)
     parser.add_argument("--blas-env-removed", default="", help=argparse.SUPPRESS)
