@@ -4,15 +4,16 @@
     __local A_s[box of A for one tile], B_s[...]          (one per work-group)
     thread i, thread j:                                   (every work-item of the group)
       for the output indices no thread runs (uniform loops):
-        acc = 0                                           (a register)
+        acc[register tile] = 0                            (registers: `unroll` indices)
         for kt in 0..K step T:                            (the same trip count for all)
             for e = my linear id; e < |A_s|; e += work-items:   A_s[e] = A[box origin + e]
             ...                                           (0 where the box leaves A)
             barrier
             if the point is in the iteration space:       (overflow, where-clauses)
-                for k in kt..min(kt + T, K), other reductions:  acc += f(A_s[..], B_s[..], ...)
+                for k in kt..min(kt + T, K), other reductions, register tile:
+                    acc[..] += f(A_s[..], B_s[..], ...)
             barrier
-        if (i, j) is an element of the output:  C[i, j] += acc
+        for the register tile: if (i, j) is an element of the output: C[i, j] += acc[..]
 
 Every work-item of a group runs the tile loop and reaches both barriers: the only
 divergence is in the boundary tiles, around the arithmetic and the final store. A staged
@@ -65,8 +66,11 @@ def lower_block(low: Lowering, blk: Block, outer: Scope) -> list[L.Stmt]:
     (store,) = [st for st in blk.stmts if isinstance(st, Store)]
     out_ref = blk.ref(store.ref)
     written = {n for a in out_ref.access for n in a.names}
-    # Output indices that no thread runs: uniform serial loops around the accumulator.
-    outer_loops = [i for i in loops if i.name not in threads and i.name in written]
+    # A work-item's register tile: every point of these output indices at once.
+    reg_loops = [i for i in loops if i.name in blk.schedule.unroll]
+    # Other output indices that no thread runs: uniform loops around the accumulators.
+    outer_loops = [i for i in loops if i.name not in threads and i.name in written
+                   and i not in reg_loops]
     reductions = [i for i in loops if i.name not in threads and i.name not in written]
     if stage.index not in var:
         raise IRError(f"block {blk.name} stages index {stage.index}, which is not one of its "
@@ -81,7 +85,7 @@ def lower_block(low: Lowering, blk: Block, outer: Scope) -> list[L.Stmt]:
     for i in reversed(thread_loops):      # the innermost thread index varies fastest
         linear = linear + Affine.index(var[i.name]).scale(stride)
         stride *= i.range
-    ranges = {i.name: i.range for i in thread_loops + reductions}
+    ranges = {i.name: i.range for i in thread_loops + reg_loops + reductions}
     ranges[stage.index] = stage.tile
 
     buffers: list[L.Buffer] = []
@@ -117,18 +121,24 @@ def lower_block(low: Lowering, blk: Block, outer: Scope) -> list[L.Stmt]:
         if ref.into not in views and ref.from_:
             views[ref.into] = child_view(ref, outer.views[ref.from_], at)
     out_view = views[out_ref.into]
-    acc = low.fresh("s")
+    acc = low.fresh("l" if reg_loops else "s")
+    point, pitch = Affine(), 1            # this point's accumulator in a register tile
+    for i in reversed(reg_loops):
+        point = point + Affine.index(var[i.name]).scale(pitch)
+        pitch *= i.range
     scope = Scope(at, views, dict(outer.scalars), True)
     body: list[L.Stmt] = []
     for st in blk.stmts:
         if st is store:
             value = low.convert(*low.scalar(scope, st.value), out_view.dtype, "s", body)
-            body.append(L.Assign(acc, L.Combine("add", acc, value)))
+            body.append(L.Store(acc, point, value, "add") if reg_loops
+                        else L.Assign(acc, L.Combine("add", acc, value)))
         else:
             body += low.stmt(st, scope)
     conds = [resolve(c, at, "a constraint") for c in blk.constraints]
     if conds:
         body = [L.If(tuple(conds), tuple(body))]
+    body = _loops(reg_loops, var, body)
     for i in reversed(reductions):
         v = var[i.name]
         if i.name == stage.index:
@@ -140,18 +150,37 @@ def lower_block(low: Lowering, blk: Block, outer: Scope) -> list[L.Stmt]:
     tiles = L.Loop(tile_start, Affine.constant(0), Affine.constant(staged_range),
                    (*copies, L.Barrier("shared"), *body, L.Barrier("shared")), step=stage.tile)
     kept = [c for c in blk.constraints if not set(c.names) & reduced]
-    final: list[L.Stmt] = [L.Store(out_view.ptr, out_view.offset, acc, out_view.agg)]
+    t = L.VType(out_view.dtype)
+    if reg_loops:
+        total = low.fresh("s")
+        final: list[L.Stmt] = [L.Let(total, t, L.Read(acc, point)),
+                               L.Store(out_view.ptr, out_view.offset, total, out_view.agg)]
+    else:
+        final = [L.Store(out_view.ptr, out_view.offset, acc, out_view.agg)]
     if kept:
         final = [L.If(tuple(resolve(c, at, "a constraint") for c in kept), tuple(final))]
-    work: list[L.Stmt] = [L.Var(acc, L.VType(out_view.dtype), L.Lit(0)), tiles, *final]
-    for i in reversed(outer_loops):
-        work = [L.Loop(var[i.name], Affine.constant(0), Affine.constant(i.range), tuple(work))]
+    final = _loops(reg_loops, var, final)
+    work: list[L.Stmt]
+    if reg_loops:
+        registers = L.Buffer(acc, out_view.dtype, pitch, "stack", "private", "zero",
+                             label="accumulators of the register tile")
+        work = [L.Alloc((registers,), (tiles, *final))]
+    else:
+        work = [L.Var(acc, t, L.Lit(0)), tiles, *final]
+    work = _loops(outer_loops, var, work)
     for i in reversed(thread_loops):
         work = [L.Loop(var[i.name], Affine.constant(0), Affine.constant(i.range), tuple(work),
                        "thread")]
     title = L.Comment(f"block {safe(blk.name)}: reduction {safe(stage.index)} in tiles of "
                       f"{stage.tile}, {', '.join(map(safe, stage.refs))} staged in local memory")
     return [title, L.Alloc(tuple(buffers), tuple(work))]
+
+
+def _loops(indices: list, var: dict[str, str], body: list[L.Stmt]) -> list[L.Stmt]:
+    """`body` inside serial loops over `indices` (Index objects), outermost first."""
+    for i in reversed(indices):
+        body = [L.Loop(var[i.name], Affine.constant(0), Affine.constant(i.range), tuple(body))]
+    return body
 
 
 def _copy(low: Lowering, origin: View, ref: Refinement, shared: str, lows: list[int],

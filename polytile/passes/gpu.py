@@ -24,7 +24,10 @@ Promotion (TC §5.5): a thread tile that is a reduction (one store, adding into 
 stages the inputs its work-items share (an access missing a thread index: `A(i, k)` is
 read by every `j`) through local memory, `tile_k` iterations of its first reduction index
 at a time, within `shared_bytes`, and keeps its accumulator in a register
-(`BlockSchedule.stage`, lowered by polytile.loops.gpu_tile).
+(`BlockSchedule.stage`, lowered by polytile.loops.gpu_tile). Each of its work-items
+computes `unroll` points along each mapped index (a register tile: `i` over the
+work-items, `i_r` over its points, recorded as `unroll(i_r)`), so every staged element
+it reads serves `unroll` accumulators.
 """
 from __future__ import annotations
 
@@ -36,7 +39,7 @@ from polytile.errors import ArgumentError
 from polytile.ir import nodes as N
 from polytile.ir import polyhedra
 from polytile.passes.pipeline import count, register
-from polytile.passes.tile import tile
+from polytile.passes.tile import substitute_local, tile
 from polytile.targets.target import Target
 
 DEFAULT_THREADS = 64     # work-items per work-group
@@ -45,6 +48,8 @@ MAX_DIMS = 3             # OpenCL and CUDA index spaces have three dimensions
 MAX_THREADS = 1024       # CUDA's limit, below OpenCL devices' usual one
 DEFAULT_TILE_K = 16      # reduction iterations per staged tile (0: no staging)
 DEFAULT_SHARED_BYTES = 16384   # local memory a work-group's staged tiles may take
+DEFAULT_UNROLL = 2       # points per work-item along each mapped index of a staged block
+MAX_UNROLL = 8
 MAX_TILE_K = 256
 
 
@@ -87,25 +92,32 @@ def box(ref: N.Refinement, ranges: dict[str, int]) -> int:
     return size
 
 
+def stageable(block: N.Block) -> bool:
+    """Whether a block's shape allows staging: a leaf whose one store adds into its
+    output, without data-dependent subscripts (a failed check ends its work-item, which
+    must not happen between barriers)."""
+    if not all(isinstance(st, (N.Load, N.Store, N.Intrinsic, N.Constant, N.LoadIndex))
+               for st in block.stmts):
+        return False
+    if any(isinstance(st, N.Load) and (st.offset is not None or any(st.dynamic))
+           for st in block.stmts):
+        return False
+    stores = [st for st in block.stmts if isinstance(st, N.Store)]
+    return len(stores) == 1 and block.ref(stores[0].ref).agg == "add"
+
+
 def staging(block: N.Block, threads: list[str], tile_k: int, shared_bytes: int
             ) -> N.Staged | None:
     """How a thread tile stages its reduction through local memory (N.Staged), or None
-    where it does not: only a leaf whose one store adds into its output, with a reduction
-    loop and no data-dependent subscript; the staged inputs are those that some other
-    work-item of the group reads too (their access misses a thread index: TC's reuse
-    test), if their boxes for one reduction tile fit in `shared_bytes`."""
-    leaf = all(isinstance(st, (N.Load, N.Store, N.Intrinsic, N.Constant, N.LoadIndex))
-               for st in block.stmts)
-    # A data-dependent subscript is checked, and a failed check ends its work-item, which
-    # must not happen between barriers: such blocks are not staged.
-    if any(isinstance(st, N.Load) and (st.offset is not None or any(st.dynamic))
-           for st in block.stmts):
+    where it does not: a stageable block with a reduction loop; the staged inputs are
+    those that some other work-item of the group reads too (their access misses a thread
+    index: TC's reuse test), if their boxes for one reduction tile fit in
+    `shared_bytes`."""
+    if not stageable(block):
         return None
-    stores = [st for st in block.stmts if isinstance(st, N.Store)]
-    if not leaf or len(stores) != 1 or block.ref(stores[0].ref).agg != "add":
-        return None
+    (store,) = [st for st in block.stmts if isinstance(st, N.Store)]
     loops = {i.name: i.range for i in block.idxs if i.affine is None}
-    written = {n for a in block.ref(stores[0].ref).access for n in a.names}
+    written = {n for a in block.ref(store.ref).access for n in a.names}
     reductions = [n for n, r in loops.items() if n not in threads and n not in written
                   and r > 1]
     if not reductions:
@@ -121,30 +133,75 @@ def staging(block: N.Block, threads: list[str], tile_k: int, shared_bytes: int
     return N.Staged(index, ranges[index], tuple(r.into for r in staged))
 
 
+def register_split(block: N.Block, threads: dict[str, int]) -> tuple[N.Block, list[str]]:
+    """Each thread index `i` of `block` whose range exceeds its work-items `T` split in
+    two: `i` over the work-items and `i_r` over the points each computes, the original
+    index being `i + T*i_r` (work-items side by side: neighbours read neighbouring
+    elements). The register indices are returned; a point past the range is cut by a
+    constraint."""
+    values: dict[str, N.Affine] = {}
+    idxs: list[N.Index] = []
+    extra: list[N.Index] = []
+    cut: list[N.Affine] = []          # over the new indices: added after substituting
+    names = {i.name for i in block.idxs}
+    for index in block.idxs:
+        count = threads.get(index.name, 0)
+        if not count or index.range <= count or index.name + "_r" in names:
+            idxs.append(index)
+            continue
+        points = -(-index.range // count)
+        reg = index.name + "_r"
+        values[index.name] = N.Affine.of({index.name: 1, reg: count})
+        idxs.append(N.Index(index.name, count))
+        extra.append(N.Index(reg, points))
+        if count * points > index.range:
+            cut.append(N.Affine.constant(index.range - 1) - values[index.name])
+    if not values:
+        return block, []
+    refs = tuple(replace(r, access=tuple(a.substitute(values) for a in r.access))
+                 for r in block.refs)
+    loops = [i for i in idxs if i.affine is None]
+    passed = [i for i in idxs if i.affine is not None]
+    split = replace(block, idxs=tuple(loops + extra + passed),
+                    constraints=tuple(c.substitute(values) for c in block.constraints) + tuple(cut),
+                    refs=refs, stmts=substitute_local(block.stmts, values))
+    return split, [i.name for i in extra]
+
+
 def map_block(block: N.Block, threads: int, dims: int,
               parent_sizes: dict[str, tuple[int, ...]], tile_k: int = 0,
-              shared_bytes: int = 0) -> N.Block:
+              shared_bytes: int = 0, unroll: int = 1) -> N.Block:
     """`block` as a grid of work-groups over thread tiles (see the module docstring)."""
     mapped = mappable(block)[-dims:]
     if not mapped:
         return block
     sizes = thread_sizes(block, mapped, threads)
-    tiled = tile(block, sizes, parent_sizes, suffix="_g", outer_tags=frozenset({"grid"}))
+    # A staged reduction's work-item computes `unroll` points along each mapped index
+    # (a register tile): the group's tile of data is its work-items times that.
+    registers = unroll if tile_k and unroll > 1 and stageable(block) else 1
+    data = {n: min(block.index(n).range, size * registers) for n, size in sizes.items()}
+    tiled = tile(block, data, parent_sizes, suffix="_g", outer_tags=frozenset({"grid"}))
+    schedule = replace(block.schedule, gpu=tuple((n, "thread") for n in mapped))
     if tiled is block:         # every tile is a whole range: one work-group
-        return replace(block, idxs=_first(block.idxs, mapped),
-                       schedule=replace(block.schedule, gpu=tuple((n, "thread")
-                                                                  for n in mapped)))
-    inner = tiled.stmts[0]
-    assert isinstance(inner, N.Block)
-    # Local buffers stay private to each work-item: declared by the thread tile only.
-    private = {r.into: r for r in block.refs if not r.from_ and r.dir == "none"}
-    inner = replace(inner, idxs=_first(inner.idxs, mapped),
-                    refs=tuple(private.get(r.into, r) for r in inner.refs),
-                    schedule=replace(inner.schedule,
-                                     gpu=tuple((n, "thread") for n in mapped)))
+        inner = replace(block, idxs=_first(block.idxs, mapped), schedule=schedule)
+    else:
+        first = tiled.stmts[0]
+        assert isinstance(first, N.Block)
+        # Local buffers stay private to each work-item: declared by the thread tile only.
+        private = {r.into: r for r in block.refs if not r.from_ and r.dir == "none"}
+        inner = replace(first, idxs=_first(first.idxs, mapped), schedule=schedule,
+                        refs=tuple(private.get(r.into, r) for r in first.refs))
+    unrolled: list[str] = []
+    if registers > 1:
+        inner, unrolled = register_split(inner, sizes)
     stage = staging(inner, mapped, tile_k, shared_bytes) if tile_k else None
+    if stage is None and unrolled:      # no staging after all: one point per work-item
+        return map_block(block, threads, dims, parent_sizes, tile_k, shared_bytes)
     if stage is not None:
-        inner = replace(inner, schedule=replace(inner.schedule, stage=stage))
+        inner = replace(inner, schedule=replace(inner.schedule, stage=stage,
+                                                unroll=tuple(unrolled)))
+    if tiled is block:
+        return inner
     grid = tuple((i.name, "grid") for i in tiled.idxs if i.affine is None)
     return replace(tiled, refs=tuple(r for r in tiled.refs if r.into not in private),
                    stmts=(inner,), schedule=N.BlockSchedule(gpu=grid))
@@ -166,8 +223,9 @@ def gpu(fn: N.Function, target: Target, params: dict[str, Any]) -> N.Function:
                             f"got {threads} and {dims}")
     tile_k = params.get("tile_k", DEFAULT_TILE_K)
     shared_bytes = params.get("shared_bytes", DEFAULT_SHARED_BYTES)
+    unroll = params.get("unroll", DEFAULT_UNROLL)
     sizes = {r.into: r.shape.sizes for r in fn.body.refs}
-    stmts = tuple(map_block(s, threads, dims, sizes, tile_k, shared_bytes)
+    stmts = tuple(map_block(s, threads, dims, sizes, tile_k, shared_bytes, unroll)
                   if isinstance(s, N.Block) else s for s in fn.body.stmts)
     return replace(fn, body=replace(fn.body, stmts=stmts))
 
@@ -193,4 +251,12 @@ def _tile_k(value: Any) -> str | None:
     return f"must be 0..{MAX_TILE_K}, got {value}"
 
 
-register("gpu", gpu, threads=_threads, dims=_dims, tile_k=_tile_k, shared_bytes=count)
+def _unroll(value: Any) -> str | None:
+    problem = count(value)
+    if problem or 1 <= value <= MAX_UNROLL:
+        return problem
+    return f"must be 1..{MAX_UNROLL}, got {value}"
+
+
+register("gpu", gpu, threads=_threads, dims=_dims, tile_k=_tile_k, shared_bytes=count,
+         unroll=_unroll)

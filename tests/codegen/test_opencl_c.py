@@ -35,8 +35,9 @@ def tmm_kernel(m: int = 37, n: int = 29, k: int = 53):  # type: ignore[no-untype
 def test_each_statement_is_one_launch_with_the_mapped_sizes() -> None:
     init, product = launches(tmm_kernel())
     # x is the innermost mapped index (n: 29 in 4 groups of 8), y is m (37 in 5 of 8)
-    assert (product.groups, product.threads) == ((4, 5), (8, 8))
     assert (init.groups, init.threads) == ((4, 5), (8, 8))
+    # the product's work-items compute 2 x 2 points each: groups of 16 x 16 points
+    assert (product.groups, product.threads) == ((2, 3), (8, 8))
     assert sorted(kind for _, kind, _ in product.dims) == ["grid", "grid", "thread", "thread"]
 
 
@@ -47,14 +48,22 @@ def test_a_block_without_parallel_indices_runs_in_one_work_item() -> None:
     assert (single.groups, single.threads) == ((1,), (1,))
 
 
-def test_staged_tmm_prints_local_tiles_barriers_and_a_register_accumulator() -> None:
+def test_staged_tmm_prints_local_tiles_barriers_and_register_tiles() -> None:
     text = print_opencl(tmm_kernel()).text
-    assert "__local float l0[128];  /* A: staged 8x16 */" in text
-    assert "__local float l1[128];  /* B: staged 8x16 */" in text
+    assert "__local float l0[256];  /* A: staged 16x16 */" in text
+    assert "__local float l1[256];  /* B: staged 16x16 */" in text
     assert text.count("barrier(CLK_LOCAL_MEM_FENCE);") == 2
     assert "get_group_id(1)" in text and "get_local_id(0)" in text
-    # the accumulator is a private scalar, added to C once per element
-    assert "float s5 = 0.0f;" in text and "b2[" in text and "+= s5;" in text
+    # the 2 x 2 accumulators are a private array, added to C once per element
+    assert "float l2[4] = {0};  /* accumulators of the register tile */" in text
+    assert "l2[2*i9 + i10] += s7;" in text and "const float s8 = l2[2*i9 + i10];" in text
+    assert "b2[" in text and "+= s8;" in text
+
+
+def test_without_staging_there_is_no_local_memory() -> None:
+    fn = gpu(stripe(TMM, {"A": (37, 53), "B": (29, 53)}), target("opencl"), {"tile_k": 0})
+    text = print_opencl(lowered(fn)).text
+    assert "__local" not in text and "barrier(" not in text
 
 
 def test_show_prints_the_kernel_on_any_host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,

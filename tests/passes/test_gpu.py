@@ -66,8 +66,20 @@ def test_the_staged_inputs_are_those_the_group_shares() -> None:
     (tile,) = [s for s in block(after, "s0").stmts if isinstance(s, N.Block)]
     assert tile.schedule.gpu == (("m", "thread"), ("n", "thread"))
     assert tile.schedule.stage == N.Staged("k", 16, ("A", "B"))
+    # 8 x 8 work-items, each computing a 2 x 2 register tile: m + 8*m_r of the group's 16
+    assert tile.schedule.unroll == ("m_r", "n_r")
     assert [(i.name, i.range) for i in tile.idxs if i.affine is None] == [
-        ("m", 8), ("n", 8), ("k", 53)]
+        ("m", 8), ("n", 8), ("k", 53), ("m_r", 2), ("n_r", 2)]
+    assert str(tile.ref("C").access[0]) == "m + 16*m_g + 8*m_r"
+
+
+def test_without_register_tiles_a_work_item_computes_one_point() -> None:
+    source, shapes = PROGRAMS["tmm"]
+    after = gpu(lowered(source, shapes), target("opencl"), {"unroll": 1})
+    (tile,) = [s for s in block(after, "s0").stmts if isinstance(s, N.Block)]
+    assert tile.schedule.unroll == () and tile.schedule.stage is not None
+    assert block(after, "s0").index("m_g").range == 5       # 37 rows in groups of 8
+    verify(after)
 
 
 def test_options_steer_sizes_and_turn_staging_off() -> None:
@@ -123,7 +135,8 @@ def test_the_verifier_refuses_staging_a_non_reduction() -> None:
 
 
 @pytest.mark.parametrize("option", [{"gpu.threads": 0}, {"gpu.dims": 4},
-                                    {"gpu.tile_k": 1000}, {"gpu.shared_bytes": -1}])
+                                    {"gpu.tile_k": 1000}, {"gpu.shared_bytes": -1},
+                                    {"gpu.unroll": 0}])
 def test_out_of_range_options_are_refused(option: dict) -> None:
     with pytest.raises(ArgumentError, match="gpu"):
         check_pass_options(option, target("opencl"))
