@@ -229,6 +229,18 @@ class Staged:
 
 
 @dataclass(frozen=True)
+class Across:
+    """A GPU reduction across the work-items of a group (TC §5.4's reductions across
+    threads): the block's reduction index `index` is shared out over `threads`
+    work-items (a power of two), each combining every threads-th iteration into a
+    register; the group then combines the partial results in a tree in local memory and
+    one work-item combines the total into the output."""
+
+    index: str
+    threads: int
+
+
+@dataclass(frozen=True)
 class BlockSchedule:
     """How a block's iterations run: decided by passes, recorded here as data, printed
     by backends (which decide nothing). The default is plain serial loops.
@@ -253,7 +265,9 @@ class BlockSchedule:
       rows a gather reads are scattered, so no hardware prefetcher sees them coming;
     * tensorize: the block is one tensorized instruction's loop nest (pass `tensorize`);
     * stage: a GPU thread tile's reduction runs in tiles through local memory, with its
-      accumulator in a register (pass `gpu`; `Staged`).
+      accumulator in a register (pass `gpu`; `Staged`); with `unroll`, the output
+      indices whose points each work-item computes (a register tile);
+    * across: a GPU reduction shared out over a group's work-items (pass `gpu`; `Across`).
     """
 
     micro: bool = False
@@ -268,6 +282,7 @@ class BlockSchedule:
     prefetch: int = 0
     tensorize: Tensorized | None = None
     stage: Staged | None = None
+    across: Across | None = None
 
 
 @dataclass(frozen=True)

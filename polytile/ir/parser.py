@@ -23,6 +23,7 @@ from polytile.ir.nodes import (
     AGG_OPS,
     DIRECTIONS,
     GPU_KINDS,
+    Across,
     Affine,
     Block,
     BlockSchedule,
@@ -210,12 +211,12 @@ class _Parser(TokenCursor[_Token]):
             fields[word] = True
             return
         if word not in ("parallel", "vector", "unroll", "order", "transpose", "boundary",
-                        "prefetch", "tensorize", "stage", *GPU_KINDS):
+                        "prefetch", "tensorize", "stage", "across", *GPU_KINDS):
             raise IRError(f"unknown schedule item {word!r}", item.loc,
                           "items: micro, vector(i, dtype, lanes), boundary(remainders|guarded), "
                           "unroll(i, ...), order(i, ...), transpose(width), parallel(i), simd, "
                           "grid(i), thread(i), prefetch(distance), tensorize(instruction, i, k), "
-                          "stage(k, tile, A, ...)")
+                          "stage(k, tile, A, ...), across(k, threads)")
         self.expect("(")
         if word in ("unroll", "order"):
             fields[word] = self.listed(")", lambda: self.name("an index"))
@@ -247,6 +248,10 @@ class _Parser(TokenCursor[_Token]):
                 self.advance()
                 refs.append(self.name("a staged buffer"))
             fields["stage"] = Staged(index, tile, tuple(refs))
+        elif word == "across":
+            index = self.name("the reduction index")
+            self.expect(",")
+            fields["across"] = Across(index, self.integer("the work-items"))
         elif word == "boundary":
             fields["boundary"] = self.name("remainders or guarded")
         else:

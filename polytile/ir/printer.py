@@ -152,6 +152,8 @@ def format_schedule(s: BlockSchedule) -> str:
         items.append(f"tensorize({t.instruction}, {t.lane}, {t.reduction})")
     if s.stage is not None:
         items.append(f"stage({s.stage.index}, {s.stage.tile}, {', '.join(s.stage.refs)})")
+    if s.across is not None:
+        items.append(f"across({s.across.index}, {s.across.threads})")
     return f"schedule({', '.join(items)})"
 
 

@@ -48,6 +48,7 @@ from polytile.ir.nodes import (
     BOUNDARY_KINDS,
     DIRECTIONS,
     GPU_KINDS,
+    Across,
     Affine,
     Block,
     Constant,
@@ -143,6 +144,23 @@ def _check_stage(block: Block, stage: Staged, path: str) -> None:
             raise _fail(path, f"stage names {name}, which is not an input view of the block")
 
 
+def _check_across(block: Block, across: Across, path: str) -> None:
+    """A reduction across work-items: a power-of-two group over the only loop of a leaf
+    whose one store aggregates along it, without data-dependent subscripts (a failed
+    check would end a work-item between barriers)."""
+    loops = [i.name for i in block.idxs if i.affine is None and i.range > 1]
+    stores = [st for st in block.stmts if isinstance(st, Store)]
+    threads = across.threads
+    if loops != [across.index] or threads < 2 or threads & (threads - 1) or block.schedule.gpu \
+            or any(isinstance(st, (Block, Special)) for st in block.stmts) or len(stores) != 1 \
+            or block.ref(stores[0].ref).agg == "assign" \
+            or any(isinstance(st, Load) and (st.offset or any(st.dynamic)) for st in block.stmts) \
+            or any(across.index in a.names for a in block.ref(stores[0].ref).access):
+        raise _fail(path, f"across({across.index}, {threads}) needs a power-of-two group over "
+                          "the only loop of a leaf with one aggregating store along it, and no "
+                          "data-dependent subscript")
+
+
 def _check_tensorize(block: Block, t: Tensorized, path: str) -> None:
     """The instruction is described, and the inspector maps its lane and reduction loops
     onto the block's `lane` and `reduction` (the lowering lays out what it maps)."""
@@ -192,6 +210,8 @@ def _check_schedule(block: Block, path: str, target: Target | None) -> None:
                               "its iterations may write the same element")
     if s.stage is not None:
         _check_stage(block, s.stage, path)
+    if s.across is not None:
+        _check_across(block, s.across, path)
     if s.vector is not None:
         _check_vector(block, s.vector, path, target)
     if s.parallel and not polyhedra.writes_disjoint(block, s.parallel):

@@ -32,6 +32,8 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from polytile import dtypes
 from polytile.errors import IRError, UnsupportedError
 from polytile.ir.nodes import Affine, Block, Refinement, Store
@@ -174,6 +176,79 @@ def lower_block(low: Lowering, blk: Block, outer: Scope) -> list[L.Stmt]:
     title = L.Comment(f"block {safe(blk.name)}: reduction {safe(stage.index)} in tiles of "
                       f"{stage.tile}, {', '.join(map(safe, stage.refs))} staged in local memory")
     return [title, L.Alloc(tuple(buffers), tuple(work))]
+
+
+def identity(agg: str, dt: dtypes.DType) -> float | int | bool:
+    """The value that aggregation `agg` leaves unchanged, in `dt`."""
+    if agg in ("add", "mul"):
+        return int(agg == "mul")
+    if dt.kind == "b":
+        return agg == "min"
+    if dt.is_float:
+        return -math.inf if agg == "max" else math.inf
+    info = np.iinfo(dt.numpy)
+    return int(info.min if agg == "max" else info.max)
+
+
+def lower_across(low: Lowering, blk: Block, outer: Scope) -> list[L.Stmt]:
+    """A reduction shared by a work-group (`BlockSchedule.across`):
+
+        __local part[T]
+        thread t:
+            acc = identity;  for r = t; r < R; r += T: acc = acc (+) term(r)
+            part[t] = acc;  barrier
+            for s = T/2, T/4, ..., 1:  if t < s: part[t] = part[t] (+) part[t + s];  barrier
+            if t == 0: out (+)= part[0]
+
+    Every work-item reaches every barrier (the tree's steps are unrolled, uniform)."""
+    spec = blk.schedule.across
+    assert spec is not None
+    (store,) = [st for st in blk.stmts if isinstance(st, Store)]
+    out_ref = blk.ref(store.ref)
+    agg, group = out_ref.agg, spec.threads
+    reduction = blk.index(spec.index)
+    idx = fixed_indices(blk, outer.idx)
+    t, r = low.fresh("i"), low.fresh("i")
+    at = {**idx, spec.index: Affine.index(r)}
+    views = {ref.into: child_view(ref, outer.views[ref.from_], at)
+             for ref in blk.refs if ref.from_}
+    out_view = views[out_ref.into]
+    vt = L.VType(out_view.dtype)
+    scope = Scope(at, views, dict(outer.scalars), True)
+    acc = low.fresh("s")
+    body: list[L.Stmt] = []
+    for st in blk.stmts:
+        if st is store:
+            value = low.convert(*low.scalar(scope, st.value), out_view.dtype, "s", body)
+            body.append(L.Assign(acc, L.Combine(agg, acc, value)))
+        else:
+            body += low.stmt(st, scope)
+    conds = [resolve(c, at, "a constraint") for c in blk.constraints]
+    if conds:
+        body = [L.If(tuple(conds), tuple(body))]
+    part = low.fresh("l")
+    me = Affine.index(t)
+    work: list[L.Stmt] = [
+        L.Var(acc, vt, L.Lit(identity(agg, out_view.dtype))),
+        L.Loop(r, me, Affine.constant(reduction.range), tuple(body), step=group),
+        L.Store(part, me, acc), L.Barrier("shared")]
+    step = group // 2
+    while step >= 1:
+        a, b, c = low.fresh("s"), low.fresh("s"), low.fresh("s")
+        work += [L.If((Affine.constant(step - 1) - me,),
+                      (L.Let(a, vt, L.Read(part, me)), L.Let(b, vt, L.Read(part, me + step)),
+                       L.Let(c, vt, L.Combine(agg, a, b)), L.Store(part, me, c))),
+                 L.Barrier("shared")]
+        step //= 2
+    total = low.fresh("s")
+    work.append(L.If((me.scale(-1),), (L.Let(total, vt, L.Read(part, Affine.constant(0))),
+                                       L.Store(out_view.ptr, out_view.offset, total, agg))))
+    buffer = L.Buffer(part, out_view.dtype, group, "stack", "shared",
+                      label=f"partial results of {safe(spec.index)}")
+    title = L.Comment(f"block {safe(blk.name)}: reduction {safe(spec.index)} across {group} "
+                      "work-items")
+    return [title, L.Alloc((buffer,), (L.Loop(t, Affine.constant(0), Affine.constant(group),
+                                              tuple(work), "thread"),))]
 
 
 def _loops(indices: list, var: dict[str, str], body: list[L.Stmt]) -> list[L.Stmt]:

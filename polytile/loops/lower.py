@@ -13,7 +13,8 @@
   elements and it cannot fail; `gpu` maps indices to grid and thread loops; `micro`
   lowers the block to vector code (`polytile.loops.vector`; `transpose`:
   `polytile.loops.transpose`); `stage` lowers a GPU thread tile with its reduction staged
-  through local memory (`polytile.loops.gpu_tile`).
+  through local memory, `across` a reduction shared by a work-group
+  (`polytile.loops.gpu_tile`).
 * Local buffers: up to `stack_bytes` on the stack; a larger top-level one from a kept
   pool, a larger nested one from the heap per iteration (private to it). A float local
   starts as NaN and another as 0, unless the first top-level statement that touches it
@@ -190,6 +191,9 @@ class Lowering:
         if blk.schedule.stage is not None:
             from polytile.loops import gpu_tile
             return gpu_tile.lower_block(self, blk, outer)
+        if blk.schedule.across is not None:
+            from polytile.loops import gpu_tile
+            return gpu_tile.lower_across(self, blk, outer)
         if blk.schedule.micro and not root:
             from polytile.loops import transpose, vector
             lowered = (transpose.lower_block(self, blk, outer) if blk.schedule.transpose

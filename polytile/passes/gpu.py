@@ -28,6 +28,14 @@ at a time, within `shared_bytes`, and keeps its accumulator in a register
 computes `unroll` points along each mapped index (a register tile: `i` over the
 work-items, `i_r` over its points, recorded as `unroll(i_r)`), so every staged element
 it reads serves `unroll` accumulators.
+
+Reductions across work-items (TC: reductions across threads, as a tree in shared
+memory): a leaf reduction whose only loop besides its output's indices is one reduction
+of at least 16 iterations, and that is not staged, runs one work-group per output point
+with `reduce` (64) work-items sharing the reduction (`BlockSchedule.across`): each
+combines every 64th term in a register, then the group combines the partial results in
+a tree in local memory (row maxima and sums of softmax and layernorm, a dot product into
+a scalar).
 """
 from __future__ import annotations
 
@@ -50,6 +58,8 @@ DEFAULT_TILE_K = 16      # reduction iterations per staged tile (0: no staging)
 DEFAULT_SHARED_BYTES = 16384   # local memory a work-group's staged tiles may take
 DEFAULT_UNROLL = 2       # points per work-item along each mapped index of a staged block
 MAX_UNROLL = 8
+DEFAULT_REDUCE = 64      # work-items sharing a reduction across a group (0: never)
+MIN_ACROSS = 16          # shorter reductions stay serial in a work-item
 MAX_TILE_K = 256
 
 
@@ -92,10 +102,11 @@ def box(ref: N.Refinement, ranges: dict[str, int]) -> int:
     return size
 
 
-def stageable(block: N.Block) -> bool:
-    """Whether a block's shape allows staging: a leaf whose one store adds into its
-    output, without data-dependent subscripts (a failed check ends its work-item, which
-    must not happen between barriers)."""
+def stageable(block: N.Block, aggs: tuple[str, ...] = ("add",)) -> bool:
+    """Whether a block's shape allows staging (or a reduction across work-items): a leaf
+    whose one store aggregates into its output with one of `aggs`, without
+    data-dependent subscripts (a failed check ends its work-item, which must not happen
+    between barriers)."""
     if not all(isinstance(st, (N.Load, N.Store, N.Intrinsic, N.Constant, N.LoadIndex))
                for st in block.stmts):
         return False
@@ -103,7 +114,7 @@ def stageable(block: N.Block) -> bool:
            for st in block.stmts):
         return False
     stores = [st for st in block.stmts if isinstance(st, N.Store)]
-    return len(stores) == 1 and block.ref(stores[0].ref).agg == "add"
+    return len(stores) == 1 and block.ref(stores[0].ref).agg in aggs
 
 
 def staging(block: N.Block, threads: list[str], tile_k: int, shared_bytes: int
@@ -168,11 +179,54 @@ def register_split(block: N.Block, threads: dict[str, int]) -> tuple[N.Block, li
     return split, [i.name for i in extra]
 
 
+def across(block: N.Block, mapped: list[str], dims: int, threads: int) -> N.Across | None:
+    """A reduction across work-items (N.Across) for a block whose only other loop is one
+    reduction of at least MIN_ACROSS iterations, when its output indices are all mappable
+    to the grid (a point per work-group), or None. The group is the largest power of two
+    up to `threads` and the reduction's range."""
+    if not threads or not stageable(block, aggs=("add", "mul", "max", "min")):
+        return None
+    (store,) = [st for st in block.stmts if isinstance(st, N.Store)]
+    written = {n for a in block.ref(store.ref).access for n in a.names}
+    loops = [i for i in block.idxs if i.affine is None and i.range > 1]
+    reductions = [i for i in loops if i.name not in written]
+    if len(reductions) != 1 or not written <= set(mapped) or len(written) > dims \
+            or reductions[0].range < MIN_ACROSS:
+        return None
+    group = 1
+    while group * 2 <= min(threads, reductions[0].range):
+        group *= 2
+    return N.Across(reductions[0].name, group)
+
+
+def map_across(block: N.Block, reduce: N.Across, parent_sizes: dict[str, tuple[int, ...]]
+               ) -> N.Block:
+    """One work-group per output point (tiles of 1 along the output's indices), its
+    work-items sharing the reduction."""
+    (store,) = [st for st in block.stmts if isinstance(st, N.Store)]
+    written = [i.name for i in block.idxs
+               if any(i.name in a.names for a in block.ref(store.ref).access)]
+    tiled = tile(block, {n: 1 for n in written}, parent_sizes, suffix="_g",
+                 outer_tags=frozenset({"grid"}))
+    if tiled is block:
+        return replace(block, schedule=replace(block.schedule, across=reduce))
+    inner = tiled.stmts[0]
+    assert isinstance(inner, N.Block)
+    inner = replace(inner, schedule=replace(inner.schedule, across=reduce))
+    grid = tuple((i.name, "grid") for i in tiled.idxs if i.affine is None)
+    return replace(tiled, stmts=(inner,), schedule=N.BlockSchedule(gpu=grid))
+
+
 def map_block(block: N.Block, threads: int, dims: int,
               parent_sizes: dict[str, tuple[int, ...]], tile_k: int = 0,
-              shared_bytes: int = 0, unroll: int = 1) -> N.Block:
+              shared_bytes: int = 0, unroll: int = 1, reduce_threads: int = 0) -> N.Block:
     """`block` as a grid of work-groups over thread tiles (see the module docstring)."""
-    mapped = mappable(block)[-dims:]
+    mapped = mappable(block)
+    reduce = across(block, mapped, dims, reduce_threads)
+    if reduce is not None and (not tile_k or staging(block, mapped[-dims:], tile_k,
+                                                     shared_bytes) is None):
+        return map_across(block, reduce, parent_sizes)
+    mapped = mapped[-dims:]
     if not mapped:
         return block
     sizes = thread_sizes(block, mapped, threads)
@@ -224,8 +278,10 @@ def gpu(fn: N.Function, target: Target, params: dict[str, Any]) -> N.Function:
     tile_k = params.get("tile_k", DEFAULT_TILE_K)
     shared_bytes = params.get("shared_bytes", DEFAULT_SHARED_BYTES)
     unroll = params.get("unroll", DEFAULT_UNROLL)
+    reduce_threads = params.get("reduce", DEFAULT_REDUCE)
     sizes = {r.into: r.shape.sizes for r in fn.body.refs}
-    stmts = tuple(map_block(s, threads, dims, sizes, tile_k, shared_bytes, unroll)
+    stmts = tuple(map_block(s, threads, dims, sizes, tile_k, shared_bytes, unroll,
+                            reduce_threads)
                   if isinstance(s, N.Block) else s for s in fn.body.stmts)
     return replace(fn, body=replace(fn.body, stmts=stmts))
 
@@ -251,6 +307,13 @@ def _tile_k(value: Any) -> str | None:
     return f"must be 0..{MAX_TILE_K}, got {value}"
 
 
+def _threads_or_none(value: Any) -> str | None:
+    problem = count(value)
+    if problem or value <= MAX_THREADS:
+        return problem
+    return f"must be 0..{MAX_THREADS}, got {value}"
+
+
 def _unroll(value: Any) -> str | None:
     problem = count(value)
     if problem or 1 <= value <= MAX_UNROLL:
@@ -259,4 +322,4 @@ def _unroll(value: Any) -> str | None:
 
 
 register("gpu", gpu, threads=_threads, dims=_dims, tile_k=_tile_k, shared_bytes=count,
-         unroll=_unroll)
+         unroll=_unroll, reduce=_threads_or_none)

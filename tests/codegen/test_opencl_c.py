@@ -41,10 +41,21 @@ def test_each_statement_is_one_launch_with_the_mapped_sizes() -> None:
     assert sorted(kind for _, kind, _ in product.dims) == ["grid", "grid", "thread", "thread"]
 
 
-def test_a_block_without_parallel_indices_runs_in_one_work_item() -> None:
+def test_a_reduction_into_a_scalar_runs_across_one_work_group() -> None:
     fn = gpu(stripe("def dot(float(N) x, float(N) y) -> (d) {\n  d +=! x(i) * y(i)\n}\n",
                     {"x": (77,), "y": (77,)}), target("opencl"), {})
-    (single,) = launches(lowered(fn))
+    init, dot = launches(lowered(fn))
+    assert (init.groups, init.threads) == ((1,), (1,))       # d = 0: one work-item
+    assert (dot.groups, dot.threads) == ((1,), (64,))
+    text = print_opencl(lowered(fn)).text
+    assert "__local float l0[64];  /* partial results of i */" in text
+    assert text.count("barrier(CLK_LOCAL_MEM_FENCE);") == 7     # 64 -> 32 -> ... -> 1
+
+
+def test_a_block_without_parallel_indices_runs_in_one_work_item() -> None:
+    fn = gpu(stripe("def total(float(M,N) A) -> (s) {\n  s +=! A(i, j)\n}\n",
+                    {"A": (7, 9)}), target("opencl"), {})
+    (single,) = launches(lowered(fn))          # s = 0 and the sum, one after the other
     assert (single.groups, single.threads) == ((1,), (1,))
 
 
@@ -60,8 +71,9 @@ def test_staged_tmm_prints_local_tiles_barriers_and_register_tiles() -> None:
     assert "b2[" in text and "+= s8;" in text
 
 
-def test_without_staging_there_is_no_local_memory() -> None:
-    fn = gpu(stripe(TMM, {"A": (37, 53), "B": (29, 53)}), target("opencl"), {"tile_k": 0})
+def test_without_staging_and_reductions_across_there_is_no_local_memory() -> None:
+    fn = gpu(stripe(TMM, {"A": (37, 53), "B": (29, 53)}), target("opencl"),
+             {"tile_k": 0, "reduce": 0})
     text = print_opencl(lowered(fn)).text
     assert "__local" not in text and "barrier(" not in text
 

@@ -99,6 +99,30 @@ def test_a_budget_too_small_for_the_tiles_stages_nothing() -> None:
     assert tile.schedule.stage is None
 
 
+def test_row_reductions_run_across_the_work_items_of_a_group() -> None:
+    source, shapes = PROGRAMS["softmax"]
+    after = gpu(lowered(source, shapes), target("opencl"), {})
+    for name in ("s0", "s2"):          # mx(n) max=! X(n,m); s(n) +=! e(n,m)
+        grid = block(after, name)
+        assert grid.schedule.gpu == (("n_g", "grid"),) and grid.index("n_g").range == 13
+        (tile,) = [s for s in grid.stmts if isinstance(s, N.Block)]
+        assert tile.schedule.across == N.Across("m", 64)
+    assert block(after, "s1").schedule.across is None           # elementwise
+    short = gpu(lowered(source, {"X": (13, 9)}), target("opencl"), {})
+    assert block(short, "s0").schedule == N.BlockSchedule(gpu=(("n", "thread"),))
+    off = gpu(lowered(source, shapes), target("opencl"), {"reduce": 0})
+    assert block(off, "s0").schedule == N.BlockSchedule(gpu=(("n", "thread"),))
+
+
+def test_the_verifier_refuses_a_reduction_across_a_written_index() -> None:
+    source, shapes = PROGRAMS["softmax"]
+    fn = lowered(source, {"X": (13, 1)})
+    kernel = block(fn, "s1")          # e(n,m) = ...: m is written, and assigned
+    bad = replace(kernel, schedule=N.BlockSchedule(across=N.Across("n", 8)))
+    with pytest.raises(IRError, match="across"):
+        verify(with_block(fn, "s1", bad))
+
+
 def test_only_indices_that_write_disjoint_elements_are_mappable() -> None:
     source, shapes = PROGRAMS["tmm"]
     fn = lowered(source, shapes)
