@@ -13,6 +13,7 @@ device's in-order queue, copies the outputs back and reports a failed check.
 """
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -60,8 +61,6 @@ class OpenCLBackend:
 
     def build(self, source: str, flags: Sequence[str], toolchain: Toolchain, out_path: Path,
               *, source_path: Path) -> BuildResult:
-        import time
-
         from polytile.runtime.opencl import build_program
         source_path.write_text(source, encoding="utf-8")
         start = time.perf_counter()

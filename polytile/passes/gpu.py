@@ -3,8 +3,9 @@
 schedule).
 
 Each top-level statement block is one kernel launch. Its mappable indices are those whose
-iterations write disjoint elements whatever the block's other indices do (proved with isl:
-`polyhedra.writes_disjoint` with the index first); the innermost `dims` of them are split by tiling into a grid index (`i_g`, one work-group per tile) and a thread index
+iterations write disjoint elements whatever the block's other indices do (proved with
+isl: `polyhedra.writes_disjoint` with the index first); the innermost `dims` of them are
+split by tiling into a grid index (`i_g`, one work-group per tile) and a thread index
 (`i`, one work-item per point of the tile):
 
     block s [i:100, j:60, k:64]          block s [i_g:13, j_g:4] schedule(grid(i_g), grid(j_g))
@@ -13,12 +14,13 @@ iterations write disjoint elements whatever the block's other indices do (proved
 
 A work-group has up to `threads` work-items, shared out by doubling each mapped index's
 share in turn, innermost first (the innermost is usually the output's unit-stride
-dimension, so neighbouring work-items touch neighbouring elements). A tile that does not divide its range adds the tiling's overflow constraint: the
-work-items past the end of the last tile do nothing, the others run the same code. Indices
-that are not mapped (reductions, and indices whose iterations share output elements) stay
-serial loops inside a work-item; a block with no mappable index runs in one work-item.
-Local buffers of a block stay private to each work-item. The thread tile sizes are the
-inner block's ranges, so the schedule holds every decision the backend needs.
+dimension, so neighbouring work-items touch neighbouring elements). A tile that does not
+divide its range adds the tiling's overflow constraint: the work-items past the end of
+the last tile do nothing, the others run the same code. Indices that are not mapped
+(reductions, and indices whose iterations share output elements) stay serial loops
+inside a work-item; a block with no mappable index runs in one work-item. Local buffers
+of a block stay private to each work-item. The thread tile sizes are the inner block's
+ranges, so the schedule holds every decision the backend needs.
 
 Promotion (TC §5.5): a thread tile that is a reduction (one store, adding into its output)
 stages the inputs its work-items share (an access missing a thread index: `A(i, k)` is

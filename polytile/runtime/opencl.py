@@ -132,6 +132,11 @@ def build_program(source: str, options: tuple[str, ...]) -> tuple[bytes, str]:
     (kept in the cache entry, not shown: pyopencl would warn on every build). A compile
     error is a BuildError carrying the source and the compiler's log."""
     dev = opencl_device()
+    if not dev.fp64 and re.search(r"\bdouble\b", source):
+        raise UnsupportedError(f"the OpenCL device {dev.device.name} lacks cl_khr_fp64, which "
+                               "this kernel needs (float64 data, or a float-to-integer "
+                               "conversion, computed in double)",
+                               hint="use a device with fp64, or the CPU targets")
     try:
         with warnings.catch_warnings(record=True) as said:
             warnings.simplefilter("always", dev.cl.CompilerWarning)

@@ -112,3 +112,16 @@ def test_a_kernel_is_loaded_again_from_its_cached_device_binary(tmp_path: Path) 
     again = pt.define(TMM, target="opencl", config=config).tmm(A, B)
     np.testing.assert_array_equal(first, again)
     np.testing.assert_allclose(again, A @ B.T, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.skipif(runtime.device_problem() is not None,
+                    reason=f"the opencl target needs {runtime.device_problem()}")
+def test_float64_on_a_device_without_fp64_is_refused_clearly(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import dataclasses
+
+    from polytile.errors import UnsupportedError
+    device = dataclasses.replace(runtime.opencl_device(), fp64=False)
+    monkeypatch.setattr(runtime, "opencl_device", lambda: device)
+    with pytest.raises(UnsupportedError, match="lacks cl_khr_fp64"):
+        runtime.build_program("__kernel void k(__global double *x) { x[0] = 1.0; }", ())
