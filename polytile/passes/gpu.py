@@ -119,8 +119,8 @@ def stageable(block: N.Block, aggs: tuple[str, ...] = ("add",)) -> bool:
     return len(stores) == 1 and block.ref(stores[0].ref).agg in aggs
 
 
-def staging(block: N.Block, threads: list[str], tile_k: int, shared_bytes: int
-            ) -> N.Staged | None:
+def staging(block: N.Block, threads: list[str], tile_k: int, shared_bytes: int,
+            registers: tuple[str, ...] = ()) -> N.Staged | None:
     """How a thread tile stages its reduction through local memory (N.Staged), or None
     where it does not: a stageable block with a reduction loop; the staged inputs are
     those that some other work-item of the group reads too (their access misses a thread
@@ -136,7 +136,11 @@ def staging(block: N.Block, threads: list[str], tile_k: int, shared_bytes: int
     if not reductions:
         return None
     index = reductions[0]
-    ranges = {**loops, index: min(tile_k, loops[index])}
+    # What varies within one box: the work-items, their register tiles and the
+    # reductions (other output indices are uniform loops around the whole reduction).
+    varying = set(threads) | set(registers) | set(reductions)
+    ranges = {n: r for n, r in loops.items() if n in varying}
+    ranges[index] = min(tile_k, loops[index])
     read = {st.ref for st in block.stmts if isinstance(st, N.Load)}
     staged = [r for r in block.refs if r.dir == "in" and r.from_ and r.into in read
               and r.access and not all(any(a.coeff(t) for a in r.access) for t in threads)]
@@ -224,13 +228,11 @@ def map_block(block: N.Block, threads: int, dims: int,
               shared_bytes: int = 0, unroll: int = 1, reduce_threads: int = 0) -> N.Block:
     """`block` as a grid of work-groups over thread tiles (see the module docstring)."""
     mapped = mappable(block)
+    # A reduction is staged where it can be, else shared across work-items where it can.
     reduce = across(block, mapped, dims, reduce_threads)
-    if reduce is not None and (not tile_k or staging(block, mapped[-dims:], tile_k,
-                                                     shared_bytes) is None):
-        return map_across(block, reduce, parent_sizes)
     mapped = mapped[-dims:]
     if not mapped:
-        return block
+        return block if reduce is None else map_across(block, reduce, parent_sizes)
     sizes = thread_sizes(block, mapped, threads)
     # A staged reduction's work-item computes `unroll` points along each mapped index
     # (a register tile): the group's tile of data is its work-items times that.
@@ -250,9 +252,12 @@ def map_block(block: N.Block, threads: int, dims: int,
     unrolled: list[str] = []
     if registers > 1:
         inner, unrolled = register_split(inner, sizes)
-    stage = staging(inner, mapped, tile_k, shared_bytes) if tile_k else None
+    stage = staging(inner, mapped, tile_k, shared_bytes, tuple(unrolled)) if tile_k else None
     if stage is None and unrolled:      # no staging after all: one point per work-item
-        return map_block(block, threads, dims, parent_sizes, tile_k, shared_bytes)
+        return map_block(block, threads, dims, parent_sizes, tile_k, shared_bytes, 1,
+                         reduce_threads)
+    if stage is None and reduce is not None:
+        return map_across(block, reduce, parent_sizes)
     if stage is not None:
         inner = replace(inner, schedule=replace(inner.schedule, stage=stage,
                                                 unroll=tuple(unrolled)))

@@ -164,3 +164,18 @@ def test_the_verifier_refuses_staging_a_non_reduction() -> None:
 def test_out_of_range_options_are_refused(option: dict) -> None:
     with pytest.raises(ArgumentError, match="gpu"):
         check_pass_options(option, target("opencl"))
+
+
+@pytest.mark.parametrize("program, shapes", [
+    ("tbmm", {"X": (8, 64, 64), "Y": (8, 64, 64)}),
+    ("gconv", {"I": (4, 4, 16, 32, 32), "W1": (4, 16, 16, 3, 3), "B": (16,)})])
+def test_contractions_at_full_size_are_staged_with_register_tiles(program: str,
+                                                                 shapes: Shapes) -> None:
+    """The staged boxes are one work-group's, not the whole tensors': the output indices
+    no work-item runs (gconv's batch and group) are uniform loops, outside the boxes."""
+    source, _ = PROGRAMS[program]
+    after = gpu(lowered(source, shapes), target("opencl"), {})
+    (tile,) = [s for s in block(after, "s0").stmts if isinstance(s, N.Block)]
+    assert tile.schedule.stage is not None and len(tile.schedule.unroll) == 3
+    assert tile.schedule.across is None
+    verify(after)
