@@ -221,11 +221,14 @@ class Staged:
     reduction index `index` runs in tiles of `tile` iterations; per tile the work-group
     copies the box of each of `refs` (inputs several of its work-items read) into local
     memory, waits at a barrier, and each work-item adds its terms from there into an
-    accumulator held in a register, stored once at the end."""
+    accumulator held in a register, stored once at the end. `pad` extra elements end
+    each row of a staged box in local memory, so that work-items reading down a column
+    hit different memory banks."""
 
     index: str
     tile: int
     refs: tuple[str, ...]
+    pad: int = 0
 
 
 @dataclass(frozen=True)

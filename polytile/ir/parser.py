@@ -216,7 +216,7 @@ class _Parser(TokenCursor[_Token]):
                           "items: micro, vector(i, dtype, lanes), boundary(remainders|guarded), "
                           "unroll(i, ...), order(i, ...), transpose(width), parallel(i), simd, "
                           "grid(i), thread(i), prefetch(distance), tensorize(instruction, i, k), "
-                          "stage(k, tile, A, ...), across(k, threads)")
+                          "stage(k, tile, A, ..., pad = n), across(k, threads)")
         self.expect("(")
         if word in ("unroll", "order"):
             fields[word] = self.listed(")", lambda: self.name("an index"))
@@ -244,10 +244,16 @@ class _Parser(TokenCursor[_Token]):
             self.expect(",")
             tile = self.integer("the reduction tile")
             refs: list[str] = []
+            pad = 0
             while self.tok.text == ",":
                 self.advance()
+                if self.tok.text == "pad" and self.peek().text == "=":
+                    self.advance()
+                    self.expect("=")
+                    pad = self.integer("the padding")
+                    break
                 refs.append(self.name("a staged buffer"))
-            fields["stage"] = Staged(index, tile, tuple(refs))
+            fields["stage"] = Staged(index, tile, tuple(refs), pad)
         elif word == "across":
             index = self.name("the reduction index")
             self.expect(",")

@@ -151,7 +151,8 @@ def format_schedule(s: BlockSchedule) -> str:
         t = s.tensorize
         items.append(f"tensorize({t.instruction}, {t.lane}, {t.reduction})")
     if s.stage is not None:
-        items.append(f"stage({s.stage.index}, {s.stage.tile}, {', '.join(s.stage.refs)})")
+        pad = f", pad = {s.stage.pad}" if s.stage.pad else ""
+        items.append(f"stage({s.stage.index}, {s.stage.tile}, {', '.join(s.stage.refs)}{pad})")
     if s.across is not None:
         items.append(f"across({s.across.index}, {s.across.threads})")
     return f"schedule({', '.join(items)})"

@@ -129,7 +129,8 @@ def _check_stage(block: Block, stage: Staged, path: str) -> None:
     that plain loads of a leaf thread tile read; one store, adding into the output."""
     threads = [index for index, kind in block.schedule.gpu if kind == "thread"]
     loops = {i.name for i in block.idxs if i.affine is None}
-    if not threads or stage.index not in loops - set(threads) or stage.tile < 1:
+    if not threads or stage.index not in loops - set(threads) or stage.tile < 1 \
+            or stage.pad < 0:
         raise _fail(path, f"stage({stage.index}, {stage.tile}) needs thread indices and a "
                           "positive tile of another loop of the block")
     stores = [st for st in block.stmts if isinstance(st, Store)]

@@ -101,18 +101,19 @@ def lower_block(low: Lowering, blk: Block, outer: Scope) -> list[L.Stmt]:
             raise UnsupportedError(f"staged input {safe(name)} is not a view of a top-level "
                                    "buffer of the same rank")
         lows, extents = _box(ref, ranges)
+        pitches = _pitches(extents, stage.pad)
         shared = low.fresh("l")
-        size = math.prod(extents)
+        size = pitches[0] * extents[0]
+        padding = f" (rows of {extents[-1] + stage.pad})" if stage.pad else ""
         buffers.append(L.Buffer(shared, ref.shape.dtype, size, "stack", "shared",
-                                label=f"{safe(name)}: staged {'x'.join(map(str, extents))}"))
-        copies += _copy(low, origin, ref, shared, lows, extents, linear, count)
+                                label=f"{safe(name)}: staged {'x'.join(map(str, extents))}"
+                                      f"{padding}"))
+        copies += _copy(low, origin, ref, shared, lows, extents, pitches, linear, count)
         offset = Affine()
-        pitch = 1
-        for d in reversed(range(len(ref.access))):
+        for d in range(len(ref.access)):
             moved = (resolve(ref.access[d], at, f"refinement {name!r}")
                      - resolve(ref.access[d], origin_at, f"refinement {name!r}"))
-            offset = offset + (moved - lows[d]).scale(pitch)
-            pitch *= extents[d]
+            offset = offset + (moved - lows[d]).scale(pitches[d])
         views[name] = View(shared, ref.shape.dtype, offset, ref.shape.dims, None, -1,
                            ref.agg, False, safe(name))
 
@@ -258,10 +259,22 @@ def _loops(indices: list, var: dict[str, str], body: list[L.Stmt]) -> list[L.Stm
     return body
 
 
+def _pitches(extents: list[int], pad: int) -> list[int]:
+    """Elements between neighbours along each dimension of a staged box whose rows (the
+    last dimension) are `pad` elements longer than the data."""
+    pitches = [1] * len(extents)
+    for d in reversed(range(len(extents) - 1)):
+        pitches[d] = pitches[d + 1] * (extents[d + 1] + (pad if d + 1 == len(extents) - 1
+                                                         else 0))
+    return pitches
+
+
 def _copy(low: Lowering, origin: View, ref: Refinement, shared: str, lows: list[int],
-          extents: list[int], linear: Affine, count: int) -> list[L.Stmt]:
-    """The group's copy of one staged box: element e of the box by work-item e mod count;
-    0 where the box leaves the buffer (those elements are never used)."""
+          extents: list[int], pitches: list[int], linear: Affine, count: int
+          ) -> list[L.Stmt]:
+    """The group's copy of one staged box: element e of the box (in row-major order of
+    the data) by work-item e mod count, into its padded place; 0 where the box leaves
+    the buffer (those elements are never used)."""
     e = low.fresh("i")
     body: list[L.Stmt] = []
     positions: list[Affine] = []
@@ -288,10 +301,13 @@ def _copy(low: Lowering, origin: View, ref: Refinement, shared: str, lows: list[
         address = address + (positions[d] + lows[d]).scale(dim.stride)
     value, zero = low.fresh("s"), low.fresh("s")
     t = L.VType(origin.dtype)
+    place = Affine()
+    for position, pitch in zip(positions, pitches):
+        place = place + position.scale(pitch)
     body.append(L.If(tuple(conds),
                      (L.Let(value, t, L.Read(origin.ptr, address)),
-                      L.Store(shared, Affine.index(e), value)),
-                     (L.Let(zero, t, L.Lit(0)), L.Store(shared, Affine.index(e), zero))))
+                      L.Store(shared, place, value)),
+                     (L.Let(zero, t, L.Lit(0)), L.Store(shared, place, zero))))
     size = math.prod(extents)
     return [L.Loop(e, linear, Affine.constant(size), tuple(body), step=count)]
 

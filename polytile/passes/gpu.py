@@ -29,7 +29,8 @@ at a time, within `shared_bytes`, and keeps its accumulator in a register
 (`BlockSchedule.stage`, lowered by polytile.loops.gpu_tile). Each of its work-items
 computes `unroll` points along each mapped index (a register tile: `i` over the
 work-items, `i_r` over its points, recorded as `unroll(i_r)`), so every staged element
-it reads serves `unroll` accumulators.
+it reads serves `unroll` accumulators. Each row of a staged box is `pad` (1) elements
+longer than the data, against bank conflicts.
 
 Reductions across work-items (TC: reductions across threads, as a tree in shared
 memory): a leaf reduction whose only loop besides its output's indices is one reduction
@@ -62,6 +63,11 @@ DEFAULT_UNROLL = 2       # points per work-item along each mapped index of a sta
 MAX_UNROLL = 8
 DEFAULT_REDUCE = 64      # work-items sharing a reduction across a group (0: never)
 MIN_ACROSS = 16          # shorter reductions stay serial in a work-item
+# Elements added to each row of a staged box: rows of 16 floats read down a column by
+# neighbouring work-items would fall in the same of 32 banks every other row; 17 apart,
+# never (TC pads shared arrays the same way).
+DEFAULT_PAD = 1
+MAX_PAD = 16
 MAX_TILE_K = 256
 
 
@@ -95,12 +101,13 @@ def thread_sizes(block: N.Block, mapped: list[str], threads: int) -> dict[str, i
     return sizes
 
 
-def box(ref: N.Refinement, ranges: dict[str, int]) -> int:
+def box(ref: N.Refinement, ranges: dict[str, int], pad: int = 0) -> int:
     """Elements of the smallest box holding what `ref` reads while the indices in
-    `ranges` take that many values each (the others fixed)."""
+    `ranges` take that many values each (the others fixed), each row `pad` longer."""
     size = 1
-    for a in ref.access:
-        size *= 1 + sum(abs(c) * (ranges[n] - 1) for n, c in a.terms if n in ranges)
+    for d, a in enumerate(ref.access):
+        extent = 1 + sum(abs(c) * (ranges[n] - 1) for n, c in a.terms if n in ranges)
+        size *= extent + (pad if d == len(ref.access) - 1 else 0)
     return size
 
 
@@ -120,7 +127,7 @@ def stageable(block: N.Block, aggs: tuple[str, ...] = ("add",)) -> bool:
 
 
 def staging(block: N.Block, threads: list[str], tile_k: int, shared_bytes: int,
-            registers: tuple[str, ...] = ()) -> N.Staged | None:
+            registers: tuple[str, ...] = (), pad: int = 0) -> N.Staged | None:
     """How a thread tile stages its reduction through local memory (N.Staged), or None
     where it does not: a stageable block with a reduction loop; the staged inputs are
     those that some other work-item of the group reads too (their access misses a thread
@@ -144,10 +151,10 @@ def staging(block: N.Block, threads: list[str], tile_k: int, shared_bytes: int,
     read = {st.ref for st in block.stmts if isinstance(st, N.Load)}
     staged = [r for r in block.refs if r.dir == "in" and r.from_ and r.into in read
               and r.access and not all(any(a.coeff(t) for a in r.access) for t in threads)]
-    size = sum(box(r, ranges) * r.shape.dtype.numpy.itemsize for r in staged)
+    size = sum(box(r, ranges, pad) * r.shape.dtype.numpy.itemsize for r in staged)
     if not staged or size > shared_bytes:
         return None
-    return N.Staged(index, ranges[index], tuple(r.into for r in staged))
+    return N.Staged(index, ranges[index], tuple(r.into for r in staged), pad)
 
 
 def register_split(block: N.Block, threads: dict[str, int]) -> tuple[N.Block, list[str]]:
@@ -225,7 +232,8 @@ def map_across(block: N.Block, reduce: N.Across, parent_sizes: dict[str, tuple[i
 
 def map_block(block: N.Block, threads: int, dims: int,
               parent_sizes: dict[str, tuple[int, ...]], tile_k: int = 0,
-              shared_bytes: int = 0, unroll: int = 1, reduce_threads: int = 0) -> N.Block:
+              shared_bytes: int = 0, unroll: int = 1, reduce_threads: int = 0,
+              pad: int = 0) -> N.Block:
     """`block` as a grid of work-groups over thread tiles (see the module docstring)."""
     mapped = mappable(block)
     # A reduction is staged where it can be, else shared across work-items where it can.
@@ -252,10 +260,11 @@ def map_block(block: N.Block, threads: int, dims: int,
     unrolled: list[str] = []
     if registers > 1:
         inner, unrolled = register_split(inner, sizes)
-    stage = staging(inner, mapped, tile_k, shared_bytes, tuple(unrolled)) if tile_k else None
+    stage = (staging(inner, mapped, tile_k, shared_bytes, tuple(unrolled), pad) if tile_k
+             else None)
     if stage is None and unrolled:      # no staging after all: one point per work-item
         return map_block(block, threads, dims, parent_sizes, tile_k, shared_bytes, 1,
-                         reduce_threads)
+                         reduce_threads, pad)
     if stage is None and reduce is not None:
         return map_across(block, reduce, parent_sizes)
     if stage is not None:
@@ -286,9 +295,10 @@ def gpu(fn: N.Function, target: Target, params: dict[str, Any]) -> N.Function:
     shared_bytes = params.get("shared_bytes", DEFAULT_SHARED_BYTES)
     unroll = params.get("unroll", DEFAULT_UNROLL)
     reduce_threads = params.get("reduce", DEFAULT_REDUCE)
+    pad = params.get("pad", DEFAULT_PAD)
     sizes = {r.into: r.shape.sizes for r in fn.body.refs}
     stmts = tuple(map_block(s, threads, dims, sizes, tile_k, shared_bytes, unroll,
-                            reduce_threads)
+                            reduce_threads, pad)
                   if isinstance(s, N.Block) else s for s in fn.body.stmts)
     return replace(fn, body=replace(fn.body, stmts=stmts))
 
@@ -328,5 +338,12 @@ def _unroll(value: Any) -> str | None:
     return f"must be 1..{MAX_UNROLL}, got {value}"
 
 
+def _pad(value: Any) -> str | None:
+    problem = count(value)
+    if problem or value <= MAX_PAD:
+        return problem
+    return f"must be 0..{MAX_PAD}, got {value}"
+
+
 register("gpu", gpu, threads=_threads, dims=_dims, tile_k=_tile_k, shared_bytes=count,
-         unroll=_unroll, reduce=_threads_or_none)
+         unroll=_unroll, reduce=_threads_or_none, pad=_pad)

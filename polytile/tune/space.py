@@ -14,7 +14,7 @@ A point is one value index per gene, the genetic algorithm's chromosome. The gen
   polytile/passes/fuse.py), packing on/off, pointer increments on/off; on a GPU target
   (pass gpu) the work-items per work-group, the staged reduction tile (0: no local
   memory), how many indices are mapped, the register tile of a staged reduction and the
-  work-items sharing a reduction across a group (0: none). A choice none
+  work-items sharing a reduction across a group (0: none), the padding of staged rows. A choice none
   of whose values changes this program (no kernel to fuse, nothing to pack) is not a
   gene: it would only add copies of the same kernels;
 * `lanes`: vector width, the target's full width or half of it (one for the function:
@@ -71,6 +71,7 @@ PIPELINE_CHOICES: dict[str, tuple[Any, ...]] = {
     "gpu.dims": (3, 2, 1),
     "gpu.unroll": (2, 1, 4),
     "gpu.reduce": (64, 0, 256),
+    "gpu.pad": (1, 0),
 }
 UNROLL_FACTORS = (1, 2, 3, 4, 5, 6, 8)
 VECTORS = (1, 2, 3, 4)

@@ -61,14 +61,22 @@ def test_a_block_without_parallel_indices_runs_in_one_work_item() -> None:
 
 def test_staged_tmm_prints_local_tiles_barriers_and_register_tiles() -> None:
     text = print_opencl(tmm_kernel()).text
-    assert "__local float l0[256];  /* A: staged 16x16 */" in text
-    assert "__local float l1[256];  /* B: staged 16x16 */" in text
+    # 16 x 16 boxes, rows padded to 17 against bank conflicts
+    assert "__local float l0[272];  /* A: staged 16x16 (rows of 17) */" in text
+    assert "__local float l1[272];  /* B: staged 16x16 (rows of 17) */" in text
+    assert "l0[17*i6 + i8 + 136*i9 - i11]" in text
     assert text.count("barrier(CLK_LOCAL_MEM_FENCE);") == 2
     assert "get_group_id(1)" in text and "get_local_id(0)" in text
     # the 2 x 2 accumulators are a private array, added to C once per element
     assert "float l2[4] = {0};  /* accumulators of the register tile */" in text
     assert "l2[2*i9 + i10] += s7;" in text and "const float s8 = l2[2*i9 + i10];" in text
     assert "b2[" in text and "+= s8;" in text
+
+
+def test_without_padding_the_staged_rows_are_the_data_s() -> None:
+    fn = gpu(stripe(TMM, {"A": (37, 53), "B": (29, 53)}), target("opencl"), {"pad": 0})
+    text = print_opencl(lowered(fn)).text
+    assert "__local float l0[256];  /* A: staged 16x16 */" in text
 
 
 def test_without_staging_and_reductions_across_there_is_no_local_memory() -> None:

@@ -65,7 +65,7 @@ def test_the_staged_inputs_are_those_the_group_shares() -> None:
     after = gpu(lowered(source, shapes), target("opencl"), {})
     (tile,) = [s for s in block(after, "s0").stmts if isinstance(s, N.Block)]
     assert tile.schedule.gpu == (("m", "thread"), ("n", "thread"))
-    assert tile.schedule.stage == N.Staged("k", 16, ("A", "B"))
+    assert tile.schedule.stage == N.Staged("k", 16, ("A", "B"), pad=1)
     # 8 x 8 work-items, each computing a 2 x 2 register tile: m + 8*m_r of the group's 16
     assert tile.schedule.unroll == ("m_r", "n_r")
     assert [(i.name, i.range) for i in tile.idxs if i.affine is None] == [
@@ -160,7 +160,7 @@ def test_the_verifier_refuses_staging_a_non_reduction() -> None:
 
 @pytest.mark.parametrize("option", [{"gpu.threads": 0}, {"gpu.dims": 4},
                                     {"gpu.tile_k": 1000}, {"gpu.shared_bytes": -1},
-                                    {"gpu.unroll": 0}])
+                                    {"gpu.unroll": 0}, {"gpu.pad": 99}])
 def test_out_of_range_options_are_refused(option: dict) -> None:
     with pytest.raises(ArgumentError, match="gpu"):
         check_pass_options(option, target("opencl"))
