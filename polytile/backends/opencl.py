@@ -13,6 +13,7 @@ device's in-order queue, copies the outputs back and reports a failed check.
 """
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -87,6 +88,9 @@ class OpenCLKernel:
         self.params = kernel.params
         self.locals = kernel.locals
         self.n_params = len(kernel.params)
+        # pyopencl sets a kernel's arguments, then enqueues it: two calls from two threads
+        # at once must not interleave those steps.
+        self._lock = threading.Lock()
         limit = self.device.max_work_group
         for _, launch in self.kernels:
             if int(np.prod(launch.threads)) > limit:
@@ -116,12 +120,12 @@ class OpenCLKernel:
         err = np.zeros(4, np.int64)
         flag_buffer = cl.Buffer(ctx, mf.READ_WRITE | mf.COPY_HOST_PTR, hostbuf=flag)
         err_buffer = cl.Buffer(ctx, mf.READ_WRITE | mf.COPY_HOST_PTR, hostbuf=err)
-        for program_kernel, launch in self.kernels:
-            local = launch.threads
-            global_size = tuple(g * t for g, t in zip(launch.groups, launch.threads))
-            if 0 in global_size:
-                continue
-            program_kernel(queue, global_size, local, *device_buffers, flag_buffer, err_buffer)
+        with self._lock:
+            for program_kernel, launch in self.kernels:
+                global_size = tuple(g * t for g, t in zip(launch.groups, launch.threads))
+                if 0 not in global_size:
+                    program_kernel(queue, global_size, launch.threads, *device_buffers,
+                                   flag_buffer, err_buffer)
         for param, array, buffer in zip(self.params, arrays, device_buffers):
             if param.writable and array.nbytes:
                 cl.enqueue_copy(queue, array, buffer)
