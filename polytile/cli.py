@@ -175,7 +175,9 @@ def cmd_targets(args: argparse.Namespace) -> int:
                 else "yes" + (f", with {', '.join(sorted(set(t.optional) & host))}"
                               if set(t.optional) & host else ""))
         rows.append((t.name, t.backend, f"{t.vector_bytes * 8} bit",
-                     ",".join(t.requires) or "-", ",".join(t.optional) or "-", runs))
+                     ",".join(t.requires) or ("an OpenCL device" if t.backend == "opencl"
+                                              else "-"),
+                     ",".join(t.optional) or "-", runs))
     _print_table(rows)
     return 0
 
@@ -290,6 +292,10 @@ def _add_bench_arguments(parser: argparse.ArgumentParser) -> None:
                         help="skip the torch.compile column (compiling takes 0.1-5 s per "
                              "workload, and ~30 s more for inductor's first C++ build while "
                              "its on-disk cache is cold)")
+    parser.add_argument("--target", default=None,
+                        help="compile polytile's kernels for this target, e.g. opencl (default: "
+                             "the host's best; on PoCL the times are functional, not a "
+                             "performance claim)")
     parser.add_argument("--backend", choices=("c", "interp"), default="c",
                         help=argparse.SUPPRESS)
     parser.add_argument("--blas-env-removed", default="", help=argparse.SUPPRESS)
@@ -317,10 +323,11 @@ def main(argv: list[str] | None = None) -> int:
     check.add_argument("--sizes", type=_sizes, default=None,
                        help="concrete sizes, e.g. M=128,K=64 (integer scalars too)")
     check.set_defaults(run=cmd_check)
-    show = sub.add_parser("show", help="print one stage: ast, program, ir, or a backend's (loops, c)")
+    show = sub.add_parser("show", help="print one stage: ast, program, ir, or a backend's (loops, c, opencl)")
     show.add_argument("file", help="TC source file, or - for standard input")
     show.add_argument("--stage", default="program",
-                      help="ast, program, ir, or a stage of a backend (loops, c)")
+                      help="ast, program, ir, or a stage of a backend (loops, c; opencl for "
+                           "--target opencl)")
     show.add_argument("--sizes", type=_sizes, default=None, help="e.g. M=128,K=64")
     show.add_argument("--function", default=None, help="only this function")
     show.add_argument("--target", default=None,

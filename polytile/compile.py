@@ -33,7 +33,7 @@ from polytile.ir.lower import lower
 from polytile.ir.printer import format_function
 from polytile.runtime.cache import KernelCache, LoadedLibrary
 from polytile.runtime.files import sha256_text
-from polytile.runtime.kernel import Kernel
+from polytile.runtime.kernel import Runnable
 from polytile.runtime.key import CacheKey
 from polytile.runtime.sanitize import missing_runtime
 from polytile.sema.canonical import canonical
@@ -209,7 +209,7 @@ class CompiledFunction:
     """A native kernel for one shape set; `run` takes bound, checked arguments and
     `run_fast` raw call arguments (returning None when they need the checked path)."""
 
-    def __init__(self, spec: Specialized, kernel: Kernel, source_path: Any,
+    def __init__(self, spec: Specialized, kernel: Runnable, source_path: Any,
                  key: CacheKey | None = None, unfilled: tuple[bool, ...] = ()):
         self.fn = spec.fn
         self.kernel = kernel

@@ -9,7 +9,7 @@ A backend makes no scheduling decision (the passes did, in `Block.schedule`); it
     generate   optimized IR + target -> Generated: every stage's text
     flags      the compile flags for a target (part of the cache key)
     build      source -> binary, into a cache entry (called on a cache miss only)
-    load       binary -> Kernel, the callable the launcher (polytile.compile) runs
+    load       binary -> a kernel.Runnable, what the launcher (polytile.compile) runs
 
 A new backend is a module in this package that calls `register` when imported (every
 module here is imported when a backend is looked up) and a target file that names it;
@@ -27,7 +27,7 @@ from typing import Protocol
 from polytile.errors import ArgumentError
 from polytile.ir import nodes as N
 from polytile.runtime.build import BuildResult
-from polytile.runtime.kernel import Kernel
+from polytile.runtime.kernel import Runnable
 from polytile.runtime.toolchain import Toolchain
 from polytile.targets.target import Target
 
@@ -62,7 +62,7 @@ class Backend(Protocol):
     def build(self, source: str, flags: Sequence[str], toolchain: Toolchain, out_path: Path,
               *, source_path: Path) -> BuildResult: ...
 
-    def load(self, binary: Path, fn: N.Function) -> Kernel: ...
+    def load(self, binary: Path, fn: N.Function) -> Runnable: ...
 
 
 _REGISTRY: dict[str, Backend] = {}

@@ -43,6 +43,8 @@ def run(args: argparse.Namespace) -> int:
     command = command_text(args)
     date = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
     facts = machine_facts()
+    if getattr(args, "target", None):
+        facts["polytile target"] = _target_fact(args.target)
     print(f"polytile bench  ({date})")
     for key, value in facts.items():
         print(f"  {key}: {value}")
@@ -54,6 +56,17 @@ def run(args: argparse.Namespace) -> int:
     if args.training:
         return _training(args, facts, command, date, busy)
     return _throughput(args, facts, command, date, busy)
+
+
+def _target_fact(name: str) -> str:
+    """The target a --target run compiles for; an OpenCL one names its device."""
+    from polytile.targets.target import select_target
+    target = select_target(name)
+    if target.backend != "opencl":
+        return target.identity
+    from polytile.runtime.opencl import opencl_device
+    device = opencl_device().device
+    return f"{name} on {device.name} ({device.platform.name} {device.platform.version})"
 
 
 def command_text(args: argparse.Namespace) -> str:
@@ -107,7 +120,8 @@ def _throughput(args: argparse.Namespace, facts: dict[str, str], command: str,
     for i, w in enumerate(workloads, 1):
         print(f"[{i}/{len(workloads)}] {w.name} ({time.perf_counter() - start:.0f} s)",
               file=sys.stderr, flush=True)
-        workload_rows = run_workload(w, backend=args.backend, options=options,
+        workload_rows = run_workload(w, backend=args.backend, target=args.target,
+                                     options=options,
                                      use_compile=not args.no_compile)
         rows.extend(workload_rows)
         compile_seconds = workload_rows[0].outcomes[COMPILED].compile_seconds
@@ -128,6 +142,10 @@ def _throughput(args: argparse.Namespace, facts: dict[str, str], command: str,
                  ] if args.blas_env_removed else []
         if args.backend != "c":
             notes.append(f"polytile backend: {args.backend}")
+        if args.target:
+            notes.append(f"polytile target: {args.target}" + (
+                " (PoCL on the CPU: the times are functional, not a GPU performance claim)"
+                if args.target == "opencl" else ""))
         if busy:
             notes.append(f"warning: {busy}")
         path = results_path(args.write)
@@ -227,7 +245,8 @@ def _busy_warning() -> str:
 
 def _section(kind: str, args: argparse.Namespace) -> str:
     """Quick and partial runs get sections of their own, so they never replace a full run."""
-    return kind + ("-quick" if args.quick else "") + ("-partial" if args.only else "")
+    return (kind + ("-quick" if args.quick else "") + ("-partial" if args.only else "")
+            + (f"-{args.target}" if getattr(args, "target", None) else ""))
 
 
 def _rerun_without(present: Sequence[str], args: argparse.Namespace) -> int:
@@ -258,4 +277,6 @@ def _argv(args: argparse.Namespace) -> list[str]:
         argv.append("--no-compile")
     if args.backend != "c":
         argv.append(f"--backend={args.backend}")
+    if getattr(args, "target", None):
+        argv.append(f"--target={args.target}")
     return argv

@@ -75,7 +75,7 @@ class _Compiled:
     error: str = ""
 
 
-def run_workload(workload: Workload, *, backend: str = "c",
+def run_workload(workload: Workload, *, backend: str = "c", target: str | None = None,
                  options: TimingOptions | None = None, use_torch: bool = True,
                  use_compile: bool = True, seed: int = 0,
                  clock: Callable[[], float] | None = None,
@@ -83,7 +83,7 @@ def run_workload(workload: Workload, *, backend: str = "c",
     """Check and time `workload`; one row per variant."""
     args = workload.make_inputs(np.random.default_rng(seed))
     expected = as_tuple(workload.numpy(*args))
-    function, compile_error = polytile_function(workload, backend)
+    function, compile_error = polytile_function(workload, backend, target)
     torch_args = _torch_inputs(args) if use_torch and workload.torch is not None else None
     compiled = (_compile_torch(workload.torch, torch_args)
                 if use_compile and torch_args is not None and workload.torch is not None
@@ -144,13 +144,17 @@ def error_text(error: BaseException) -> str:
 
 
 # ------------------------------------------------------------------ building the impls
-def polytile_function(workload: Workload, backend: str) -> tuple[Any, str | None]:
+def polytile_function(workload: Workload, backend: str, target: str | None = None
+                      ) -> tuple[Any, str | None]:
     """What the polytile column calls with the workload's inputs, or why there is none."""
     try:
         import polytile
         if workload.einsum:
+            if target is not None:
+                return None, f"pt.einsum runs on the configured target, not {target}"
             return _einsum(workload, backend), None
-        return polytile.define(workload.tc, backend=backend)[workload.function], None
+        return polytile.define(workload.tc, backend=backend,
+                               target=target)[workload.function], None
     except Exception as e:  # noqa: BLE001 - any failure is a FAILED row, never a crash
         return None, error_text(e)
 

@@ -311,6 +311,13 @@ def prelude(used: set[str], int_types: dict[str, DType]) -> str:
 
     `int_types` maps divmod helper names (see `div_helper`) to their dtype.
     """
+    text = helpers(used, int_types)
+    return "\n".join([_HEADER, text] if text else [_HEADER])
+
+
+def helpers(used: set[str], int_types: dict[str, DType]) -> str:
+    """The helpers in `used` (with dependencies) without the C header: the OpenCL printer
+    (polytile.codegen.opencl) puts its own header before the same helpers."""
     wanted: set[str] = set()
 
     def want(name: str) -> None:
@@ -321,8 +328,7 @@ def prelude(used: set[str], int_types: dict[str, DType]) -> str:
 
     for name in used:
         want(name)
-    parts = [_HEADER]
-    parts += [text for name, (_, text) in _HELPERS.items() if name in wanted]
+    parts = [text for name, (_, text) in _HELPERS.items() if name in wanted]
     parts += [_int_div_mod(int_types[name]) for name in sorted(wanted) if name in int_types]
     unknown = wanted - set(_HELPERS) - set(int_types)
     assert not unknown, f"unknown C helpers {sorted(unknown)}"

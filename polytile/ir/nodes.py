@@ -220,6 +220,34 @@ class Tensorized:
 
 
 @dataclass(frozen=True)
+class Staged:
+    """A GPU thread tile's reduction staged through local (shared) memory (TC §5.5): its
+    reduction index `index` runs in tiles of `tile` iterations; per tile the work-group
+    copies the box of each of `refs` (inputs several of its work-items read) into local
+    memory, waits at a barrier, and each work-item adds its terms from there into an
+    accumulator held in a register, stored once at the end. `pad` extra elements end
+    each row of a staged box in local memory, so that work-items reading down a column
+    hit different memory banks."""
+
+    index: str
+    tile: int
+    refs: tuple[str, ...]
+    pad: int = 0
+
+
+@dataclass(frozen=True)
+class Across:
+    """A GPU reduction across the work-items of a group (TC §5.4's reductions across
+    threads): the block's reduction index `index` is shared out over `threads`
+    work-items (a power of two), each combining every threads-th iteration into a
+    register; the group then combines the partial results in a tree in local memory and
+    one work-item combines the total into the output."""
+
+    index: str
+    threads: int
+
+
+@dataclass(frozen=True)
 class BlockSchedule:
     """How a block's iterations run: decided by passes, recorded here as data, printed
     by backends (which decide nothing). The default is plain serial loops.
@@ -242,7 +270,11 @@ class BlockSchedule:
     * prefetch: a vector micro-kernel's data-dependent (gathered) loads are prefetched
       this many iterations of its innermost reduction loop ahead (0: not at all): the
       rows a gather reads are scattered, so no hardware prefetcher sees them coming;
-    * tensorize: the block is one tensorized instruction's loop nest (pass `tensorize`).
+    * tensorize: the block is one tensorized instruction's loop nest (pass `tensorize`);
+    * stage: a GPU thread tile's reduction runs in tiles through local memory, with its
+      accumulator in a register (pass `gpu`; `Staged`); with `unroll`, the output
+      indices whose points each work-item computes (a register tile);
+    * across: a GPU reduction shared out over a group's work-items (pass `gpu`; `Across`).
     """
 
     micro: bool = False
@@ -256,6 +288,8 @@ class BlockSchedule:
     gpu: tuple[tuple[str, str], ...] = ()
     prefetch: int = 0
     tensorize: Tensorized | None = None
+    stage: Staged | None = None
+    across: Across | None = None
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ from polytile.ir.nodes import (
     AGG_OPS,
     DIRECTIONS,
     GPU_KINDS,
+    Across,
     Affine,
     Block,
     BlockSchedule,
@@ -35,10 +36,11 @@ from polytile.ir.nodes import (
     LoadIndex,
     Refinement,
     Special,
+    Staged,
     Statement,
     Store,
-    TensorShape,
     Tensorized,
+    TensorShape,
     VectorLoop,
 )
 from polytile.lang.cursor import TokenCursor
@@ -209,11 +211,12 @@ class _Parser(TokenCursor[_Token]):
             fields[word] = True
             return
         if word not in ("parallel", "vector", "unroll", "order", "transpose", "boundary",
-                        "prefetch", "tensorize", *GPU_KINDS):
+                        "prefetch", "tensorize", "stage", "across", *GPU_KINDS):
             raise IRError(f"unknown schedule item {word!r}", item.loc,
                           "items: micro, vector(i, dtype, lanes), boundary(remainders|guarded), "
                           "unroll(i, ...), order(i, ...), transpose(width), parallel(i), simd, "
-                          "grid(i), thread(i), prefetch(distance), tensorize(instruction, i, k)")
+                          "grid(i), thread(i), prefetch(distance), tensorize(instruction, i, k), "
+                          "stage(k, tile, A, ..., pad = n), across(k, threads)")
         self.expect("(")
         if word in ("unroll", "order"):
             fields[word] = self.listed(")", lambda: self.name("an index"))
@@ -236,6 +239,25 @@ class _Parser(TokenCursor[_Token]):
             lane = self.name("the lane index")
             self.expect(",")
             fields["tensorize"] = Tensorized(name, lane, self.name("the reduction index"))
+        elif word == "stage":
+            index = self.name("the staged reduction index")
+            self.expect(",")
+            tile = self.integer("the reduction tile")
+            refs: list[str] = []
+            pad = 0
+            while self.tok.text == ",":
+                self.advance()
+                if self.tok.text == "pad" and self.peek().text == "=":
+                    self.advance()
+                    self.expect("=")
+                    pad = self.integer("the padding")
+                    break
+                refs.append(self.name("a staged buffer"))
+            fields["stage"] = Staged(index, tile, tuple(refs), pad)
+        elif word == "across":
+            index = self.name("the reduction index")
+            self.expect(",")
+            fields["across"] = Across(index, self.integer("the work-items"))
         elif word == "boundary":
             fields["boundary"] = self.name("remainders or guarded")
         else:

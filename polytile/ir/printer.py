@@ -154,6 +154,11 @@ def format_schedule(s: BlockSchedule) -> str:
     if s.tensorize is not None:
         t = s.tensorize
         items.append(f"tensorize({t.instruction}, {t.lane}, {t.reduction})")
+    if s.stage is not None:
+        pad = f", pad = {s.stage.pad}" if s.stage.pad else ""
+        items.append(f"stage({s.stage.index}, {s.stage.tile}, {', '.join(s.stage.refs)}{pad})")
+    if s.across is not None:
+        items.append(f"across({s.across.index}, {s.across.threads})")
     return f"schedule({', '.join(items)})"
 
 

@@ -37,6 +37,7 @@ Schedules (`BlockSchedule`), which passes decide and backends print:
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from polytile import dtypes
@@ -47,6 +48,7 @@ from polytile.ir.nodes import (
     BOUNDARY_KINDS,
     DIRECTIONS,
     GPU_KINDS,
+    Across,
     Affine,
     Block,
     Constant,
@@ -56,6 +58,7 @@ from polytile.ir.nodes import (
     LoadIndex,
     Refinement,
     Special,
+    Staged,
     Store,
     Tensorized,
     VectorLoop,
@@ -121,6 +124,44 @@ def _check_block(block: Block, parent: Block | None, path: str,
             _check_block(stmt, block, f"{path}/{stmt.name}", target)
 
 
+def _check_stage(block: Block, stage: Staged, path: str) -> None:
+    """A staged reduction: a serial loop of the block in positive tiles, staging inputs
+    that plain loads of a leaf thread tile read; one store, adding into the output."""
+    threads = [index for index, kind in block.schedule.gpu if kind == "thread"]
+    loops = {i.name for i in block.idxs if i.affine is None}
+    if not threads or stage.index not in loops - set(threads) or stage.tile < 1 \
+            or stage.pad < 0:
+        raise _fail(path, f"stage({stage.index}, {stage.tile}) needs thread indices and a "
+                          "positive tile of another loop of the block")
+    stores = [st for st in block.stmts if isinstance(st, Store)]
+    if any(isinstance(st, (Block, Special)) for st in block.stmts) or len(stores) != 1 \
+            or block.ref(stores[0].ref).agg != "add":
+        raise _fail(path, "a staged block is a leaf with one store, adding into its output")
+    if any(isinstance(st, Load) and (st.offset or any(st.dynamic)) for st in block.stmts):
+        raise _fail(path, "a staged block has a data-dependent subscript, whose failed check "
+                          "would end a work-item between barriers")
+    for name in stage.refs:
+        if name not in {r.into for r in block.refs if r.dir == "in" and r.from_}:
+            raise _fail(path, f"stage names {name}, which is not an input view of the block")
+
+
+def _check_across(block: Block, across: Across, path: str) -> None:
+    """A reduction across work-items: a power-of-two group over the only loop of a leaf
+    whose one store aggregates along it, without data-dependent subscripts (a failed
+    check would end a work-item between barriers)."""
+    loops = [i.name for i in block.idxs if i.affine is None and i.range > 1]
+    stores = [st for st in block.stmts if isinstance(st, Store)]
+    threads = across.threads
+    if loops != [across.index] or threads < 2 or threads & (threads - 1) or block.schedule.gpu \
+            or any(isinstance(st, (Block, Special)) for st in block.stmts) or len(stores) != 1 \
+            or block.ref(stores[0].ref).agg == "assign" \
+            or any(isinstance(st, Load) and (st.offset or any(st.dynamic)) for st in block.stmts) \
+            or any(across.index in a.names for a in block.ref(stores[0].ref).access):
+        raise _fail(path, f"across({across.index}, {threads}) needs a power-of-two group over "
+                          "the only loop of a leaf with one aggregating store along it, and no "
+                          "data-dependent subscript")
+
+
 def _check_tensorize(block: Block, t: Tensorized, path: str) -> None:
     """The instruction is described, and the inspector maps its lane and reduction loops
     onto the block's `lane` and `reduction` (the lowering lays out what it maps)."""
@@ -162,6 +203,16 @@ def _check_schedule(block: Block, path: str, target: Target | None) -> None:
                           "micro-kernel and a data-dependent load in it")
     if s.tensorize is not None:
         _check_tensorize(block, s.tensorize, path)
+    for index, kind in s.gpu:
+        first = replace(block, idxs=(block.index(index), *(i for i in block.idxs
+                                                           if i.name != index)))
+        if not polyhedra.writes_disjoint(first, index):
+            raise _fail(path, f"the schedule runs index {index} across a GPU's {kind}, but "
+                              "its iterations may write the same element")
+    if s.stage is not None:
+        _check_stage(block, s.stage, path)
+    if s.across is not None:
+        _check_across(block, s.across, path)
     if s.vector is not None:
         _check_vector(block, s.vector, path, target)
     if s.parallel and not polyhedra.writes_disjoint(block, s.parallel):

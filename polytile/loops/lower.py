@@ -12,7 +12,9 @@
   `threads`); `simd` marks the innermost loop when its iterations write disjoint
   elements and it cannot fail; `gpu` maps indices to grid and thread loops; `micro`
   lowers the block to vector code (`polytile.loops.vector`; `transpose`:
-  `polytile.loops.transpose`).
+  `polytile.loops.transpose`); `stage` lowers a GPU thread tile with its reduction staged
+  through local memory, `across` a reduction shared by a work-group
+  (`polytile.loops.gpu_tile`).
 * Local buffers: up to `stack_bytes` on the stack; a larger top-level one from a kept
   pool, a larger nested one from the heap per iteration (private to it). A float local
   starts as NaN and another as 0, unless the first top-level statement that touches it
@@ -125,6 +127,9 @@ class Lowering:
         # One vector width per function: the width of its vectorized blocks (the
         # transposes of pack copies follow it), else set by whichever vector code runs.
         self.vector_lanes = _vector_width(fn.body)
+        # The sizes of each top-level buffer (parameters and locals), by loop IR name:
+        # the bounds a staged copy (polytile.loops.gpu_tile) checks its reads against.
+        self.sizes: dict[str, tuple[int, ...]] = {}
 
     def fresh(self, prefix: str) -> str:
         number = self.counters[prefix]
@@ -148,6 +153,7 @@ class Lowering:
             params.append(L.Buffer(f"b{p}", ref.shape.dtype, 0, param=p,
                                    writable=ref.dir != "in", label=describe(ref)))
             views[name] = root_view(ref, f"b{p}", p)
+            self.sizes[f"b{p}"] = ref.shape.sizes
         local_refs = [r for r in top.refs if r.into not in fn.params]
         for ref in local_refs:
             if ref.from_ or ref.dir != "none":
@@ -165,6 +171,8 @@ class Lowering:
         for ref in refs:
             name = self.fresh("l")
             views[ref.into] = root_view(ref, name, -1)
+            if top_level:
+                self.sizes[name] = ref.shape.sizes
             count = max(1, extent(ref.shape.dims, ref.into))
             dt = ref.shape.dtype
             on_stack = count * dt.numpy.itemsize <= self.options.stack_bytes
@@ -181,6 +189,12 @@ class Lowering:
         if blk.schedule.tensorize is not None:
             from polytile.loops import tensorize
             return tensorize.lower_block(self, blk, outer)
+        if blk.schedule.stage is not None:
+            from polytile.loops import gpu_tile
+            return gpu_tile.lower_block(self, blk, outer)
+        if blk.schedule.across is not None:
+            from polytile.loops import gpu_tile
+            return gpu_tile.lower_across(self, blk, outer)
         if blk.schedule.micro and not root:
             from polytile.loops import transpose, vector
             lowered = (transpose.lower_block(self, blk, outer) if blk.schedule.transpose

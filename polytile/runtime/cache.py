@@ -62,7 +62,9 @@ class BuildStep(Protocol):
 
 ENTRY_FORMAT = 2    # 2: the source file name and the stages are recorded
 META_NAME = "meta.json"
-_SO_NAME = re.compile(r"kernel-[0-9a-f]{16}\.so")
+# A shared object (the C backend), or a binary its backend loads itself (OpenCL's
+# program binaries): only a shared object is opened here.
+_SO_NAME = re.compile(r"kernel-[0-9a-f]{16}\.(so|bin)")
 _SOURCE_NAME = re.compile(r"kernel\.[a-z]{1,8}")
 _STAGE_NAME = re.compile(r"[a-z][a-z0-9_-]{0,31}")
 _STALE_BUILD_SECONDS = 3600.0
@@ -73,7 +75,7 @@ class LoadedLibrary:
     """A loaded shared object. With the disk cache off, its files are gone after loading
     (unless config.keep_build_dirs): the mapping outlives them."""
 
-    cdll: ctypes.CDLL
+    cdll: ctypes.CDLL | None      # None: a binary its backend loads (not a shared object)
     so_path: Path
     source_path: Path
     digest: str
@@ -204,8 +206,8 @@ class KernelCache:
                      build: BuildStep) -> str:
         """Fill `build_dir` with a complete entry for `key`; return the source."""
         try:
-            generated, so_path, result = self._build_files(build_dir, key, generate, build)
-            source_path = result.source_path
+            generated, _, result = self._build_files(build_dir, key, generate, build)
+            so_path, source_path = result.so_path, result.source_path
             meta = {
                 "format": ENTRY_FORMAT, "digest": key.digest(), "key": key.parts(),
                 "so": so_path.name, "so_sha256": sha256_file(so_path),
@@ -227,9 +229,10 @@ class KernelCache:
                            build: BuildStep) -> LoadedLibrary:
         build_dir = Path(tempfile.mkdtemp(prefix="polytile-build-"))
         try:
-            generated, so_path, result = self._build_files(build_dir, key, generate, build)
+            generated, _, result = self._build_files(build_dir, key, generate, build)
+            so_path = result.so_path
             try:
-                cdll = ctypes.CDLL(str(so_path))
+                cdll = _open(so_path)
             except OSError as e:
                 raise BuildError(f"the compiled kernel cannot be loaded: {e}",
                                  generated.source) from e
@@ -279,7 +282,12 @@ def _is_entry_dir(entry: Path) -> bool:
 
 def _load_entry(entry: Path, key: CacheKey) -> LoadedLibrary:
     so_path, source_path = _verified_so(entry, key)
-    return LoadedLibrary(ctypes.CDLL(str(so_path)), so_path, source_path, key.digest())
+    return LoadedLibrary(_open(so_path), so_path, source_path, key.digest())
+
+
+def _open(path: Path) -> ctypes.CDLL | None:
+    """A shared object, opened (which checks it loads); another binary is its backend's."""
+    return ctypes.CDLL(str(path)) if path.suffix == ".so" else None
 
 
 def _verified_so(entry: Path, key: CacheKey) -> tuple[Path, Path]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Protocol, Sequence
 
 import _cffi_backend
 import cffi
@@ -33,6 +33,15 @@ class KernelFailure:
     param: int
     dim: int
     index: int
+
+
+class Runnable(Protocol):
+    """What a backend's `load` returns and the launcher calls: run on the parameters'
+    arrays (contiguous NumPy arrays, outputs last, written in place); None on success."""
+
+    n_params: int
+
+    def __call__(self, buffers: Sequence[Any]) -> KernelFailure | None: ...
 
 
 class Kernel:

@@ -70,7 +70,8 @@ def load_target(name: str) -> Target:
         text = resources.files("polytile.targets").joinpath(f"{name}.json").read_text()
     except FileNotFoundError:
         raise ArgumentError(f"unknown target {name!r}",
-                            hint=f"shipped targets: {', '.join(PREFERENCE)}") from None
+                            hint=f"shipped targets: {', '.join(PREFERENCE + ('opencl',))}"
+                            ) from None
     data = json.loads(text)
     passes = tuple((p["pass"], _freeze({k: v for k, v in p.items() if k != "pass"}))
                    for p in data.get("passes", []))
@@ -133,7 +134,13 @@ def supports(target: Target, features: frozenset[str]) -> bool:
 
 
 def missing_features(target: Target, features: frozenset[str]) -> list[str]:
-    """What a machine with `features` lacks to run `target` (an empty list: it runs it)."""
+    """What a machine with `features` lacks to run `target` (an empty list: it runs it).
+    An OpenCL target needs a working OpenCL device (pyopencl and a driver such as PoCL)
+    instead of CPU flags; what is missing is said in words."""
+    if target.backend == "opencl":
+        from polytile.runtime.opencl import device_problem
+        problem = device_problem()
+        return [problem] if problem else []
     if target.requires and platform.machine().lower() not in ("x86_64", "amd64"):
         return ["x86-64"]
     return [f for f in target.requires if f not in features]
@@ -171,8 +178,11 @@ def select_target(requested: str | None = None,
         missing = missing_features(target, features)
         if missing:
             raise ArgumentError(f"target {name} needs {', '.join(missing)}, which this machine "
-                                "lacks", hint="use cpu-generic or unset POLYTILE_TARGET; "
-                                "`polytile show --target` prints its code on any host")
+                                "lacks", hint=("install the gpu extra: pip install "
+                                               "'polytile[gpu]'" if target.backend == "opencl"
+                                               else "use cpu-generic") + " or unset "
+                                "POLYTILE_TARGET; `polytile show --target` prints its code on "
+                                "any host")
         return with_host_caches(replace(target, features=features))
     for candidate in PREFERENCE:
         target = load_target(candidate)

@@ -11,7 +11,10 @@ A point is one value index per gene, the genetic algorithm's chromosome. The gen
 
 * pipeline choices, for the passes the target runs: fusion strategy (TC §6.2's max,
   preserve-parallelism and min: the fuse pass's "max", "rows" and "none"; see
-  polytile/passes/fuse.py), packing on/off, pointer increments on/off. A choice none
+  polytile/passes/fuse.py), packing on/off, pointer increments on/off; on a GPU target
+  (pass gpu) the work-items per work-group, the staged reduction tile (0: no local
+  memory), how many indices are mapped, the register tile of a staged reduction and the
+  work-items sharing a reduction across a group (0: none), the padding of staged rows. A choice none
   of whose values changes this program (no kernel to fuse, nothing to pack) is not a
   gene: it would only add copies of the same kernels;
 * `lanes`: vector width, the target's full width or half of it (one for the function:
@@ -61,6 +64,14 @@ PIPELINE_CHOICES: dict[str, tuple[Any, ...]] = {
     "fuse.strategy": ("rows", "max", "none"),
     "pack.enabled": (True, False),
     "ptrinc.enabled": (True, False),
+    # GPU targets (TC §6: block sizes, promotion on/off, mapped dimensions); the grid
+    # follows from the work-group size and the extents.
+    "gpu.threads": (64, 32, 128, 256),
+    "gpu.tile_k": (16, 0, 8, 32),
+    "gpu.dims": (3, 2, 1),
+    "gpu.unroll": (2, 1, 4),
+    "gpu.reduce": (64, 0, 256),
+    "gpu.pad": (1, 0),
 }
 UNROLL_FACTORS = (1, 2, 3, 4, 5, 6, 8)
 VECTORS = (1, 2, 3, 4)
@@ -238,7 +249,10 @@ def _distinct(programs: dict[tuple[tuple[str, Any], ...], N.Function],
 
 
 def kernel_blocks(fn: N.Function, target: Target) -> list[KernelBlock]:
-    """The blocks autotile schedules, with its default schedules."""
+    """The blocks autotile schedules, with its default schedules (none on a target
+    without autotile: a GPU target's decisions are all pipeline choices)."""
+    if "autotile" not in {name for name, _ in target.passes}:
+        return []
     out = []
     for s in fn.body.stmts:
         if _is_leaf_kernel(s):

@@ -336,3 +336,16 @@ def test_latency_child_prints_one_json_line(capsys: pytest.CaptureFixture[str]) 
     rows = [latency.LatencyRow(latency.EXAMPLES[5], [result], [result])]
     header, lines = report.latency_table(rows)
     assert len(lines[0]) == len(header)
+
+
+def test_a_workload_runs_on_the_opencl_target() -> None:
+    """`polytile bench --target opencl`: polytile's kernel runs on the OpenCL device and is
+    checked against NumPy like any other (on PoCL the times are functional only)."""
+    from polytile.runtime.opencl import device_problem
+    problem = device_problem()
+    if problem:
+        pytest.skip(f"the opencl target needs {problem}")
+    (row,) = run_workload(_quick("tmm"), target="opencl", options=FAST, sleep=_no_sleep,
+                          use_torch=False)
+    assert row.outcomes["polytile"].status == "ok"
+    assert row.outcomes["polytile"].timing is not None

@@ -21,7 +21,9 @@ _MODULES: dict[tuple[str, str], pt.Module] = {}
 def module(source: str, backend: str) -> pt.Module:
     key = (source, backend)
     if key not in _MODULES:
-        _MODULES[key] = pt.define(source, backend=backend)
+        # "opencl" is the c backend's launcher on the opencl target (test_opencl.py)
+        _MODULES[key] = (pt.define(source, target="opencl") if backend == "opencl"
+                         else pt.define(source, backend=backend))
     return _MODULES[key]
 
 

@@ -37,6 +37,12 @@ def tc_source(inputs: list[str], output: str, dtype: str) -> str:
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(contractions(), st.integers(0, 2**32 - 1))
 def test_random_contraction_matches_einsum(spec, seed):
+    for backend in BACKENDS:
+        check_contraction(spec, seed, lambda source: pt.define(source, backend=backend))
+
+
+def check_contraction(spec, seed, define):
+    """The contraction `spec` compiled by `define(source)` agrees with np.einsum."""
     inputs, output, sizes, dtype = spec
     source = tc_source(inputs, output, dtype)
     np_dtype = np.float32 if dtype == "float" else np.float64
@@ -50,8 +56,7 @@ def test_random_contraction_matches_einsum(spec, seed):
     magnitude = np.einsum(",".join(inputs) + "->" + output,
                           *[np.abs(a.astype(np.float64)) for a in arrays])
     tolerance = 1e-5 if dtype == "float" else 1e-12
-    for backend in BACKENDS:
-        got = pt.define(source, backend=backend).contract(*arrays)
-        assert got.dtype == want.dtype and got.shape == want.shape, source
-        error = np.linalg.norm(np.asarray(got, np.float64) - np.asarray(want, np.float64))
-        assert error <= tolerance * max(np.linalg.norm(magnitude), 1e-30), source
+    got = define(source).contract(*arrays)
+    assert got.dtype == want.dtype and got.shape == want.shape, source
+    error = np.linalg.norm(np.asarray(got, np.float64) - np.asarray(want, np.float64))
+    assert error <= tolerance * max(np.linalg.norm(magnitude), 1e-30), source
