@@ -43,6 +43,7 @@ a scalar).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -303,47 +304,16 @@ def gpu(fn: N.Function, target: Target, params: dict[str, Any]) -> N.Function:
     return replace(fn, body=replace(fn.body, stmts=stmts))
 
 
-def _threads(value: Any) -> str | None:
-    problem = count(value)
-    if problem or 1 <= value <= MAX_THREADS:
-        return problem
-    return f"must be 1..{MAX_THREADS}, got {value}"
+def _between(lo: int, hi: int) -> Callable[[Any], str | None]:
+    """A parameter check: a count from lo to hi."""
+    def check(value: Any) -> str | None:
+        problem = count(value)
+        if problem or lo <= value <= hi:
+            return problem
+        return f"must be {lo}..{hi}, got {value}"
+    return check
 
 
-def _dims(value: Any) -> str | None:
-    problem = count(value)
-    if problem or 1 <= value <= MAX_DIMS:
-        return problem
-    return f"must be 1..{MAX_DIMS}, got {value}"
-
-
-def _tile_k(value: Any) -> str | None:
-    problem = count(value)
-    if problem or value <= MAX_TILE_K:
-        return problem
-    return f"must be 0..{MAX_TILE_K}, got {value}"
-
-
-def _threads_or_none(value: Any) -> str | None:
-    problem = count(value)
-    if problem or value <= MAX_THREADS:
-        return problem
-    return f"must be 0..{MAX_THREADS}, got {value}"
-
-
-def _unroll(value: Any) -> str | None:
-    problem = count(value)
-    if problem or 1 <= value <= MAX_UNROLL:
-        return problem
-    return f"must be 1..{MAX_UNROLL}, got {value}"
-
-
-def _pad(value: Any) -> str | None:
-    problem = count(value)
-    if problem or value <= MAX_PAD:
-        return problem
-    return f"must be 0..{MAX_PAD}, got {value}"
-
-
-register("gpu", gpu, threads=_threads, dims=_dims, tile_k=_tile_k, shared_bytes=count,
-         unroll=_unroll, reduce=_threads_or_none, pad=_pad)
+register("gpu", gpu, threads=_between(1, MAX_THREADS), dims=_between(1, MAX_DIMS),
+         tile_k=_between(0, MAX_TILE_K), shared_bytes=count, unroll=_between(1, MAX_UNROLL),
+         reduce=_between(0, MAX_THREADS), pad=_between(0, MAX_PAD))
