@@ -45,7 +45,7 @@ __all__ = ["op"]
 
 _SCALAR_SCHEMA = {"b": "bool", "i": "int", "u": "int", "f": "float"}
 _count = itertools.count()
-_ops: dict[int, tuple[TCFunction, "_Op"]] = {}
+_ops: dict[int, tuple[TCFunction, _Op]] = {}
 
 
 def op(fn: TCFunction) -> Callable[..., Any]:

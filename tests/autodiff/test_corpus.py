@@ -7,11 +7,11 @@ import re
 
 import numpy as np
 import pytest
+from conformance.programs import CASES, Case
 
 import polytile as pt
 from polytile.autodiff import backward
 
-from conformance.programs import CASES, Case
 from .numeric import as_tuple, check, gradient_function
 
 

@@ -12,11 +12,11 @@ import pytest
 torch = pytest.importorskip("torch", reason="torch is an optional dependency "
                             "(pip install polytile[torch])")
 
-import polytile as pt  # noqa: E402
-import polytile.torch as ptt  # noqa: E402
+from autodiff.test_corpus import DIFFERENTIABLE, _smooth
+from conformance.programs import Case
 
-from autodiff.test_corpus import DIFFERENTIABLE, _smooth  # noqa: E402
-from conformance.programs import Case  # noqa: E402
+import polytile as pt
+import polytile.torch as ptt
 
 
 def _argument(value):  # type: ignore[no-untyped-def]

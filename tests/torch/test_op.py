@@ -11,8 +11,8 @@ import pytest
 torch = pytest.importorskip("torch", reason="torch is an optional dependency "
                             "(pip install polytile[torch])")
 
-import polytile as pt  # noqa: E402
-import polytile.torch as ptt  # noqa: E402
+import polytile as pt
+import polytile.torch as ptt
 
 F = torch.nn.functional
 
@@ -184,7 +184,7 @@ def test_einsum_on_tensors_that_require_grad_is_differentiable() -> None:
     torch.testing.assert_close(x.grad, x2.grad)
     torch.testing.assert_close(w.grad, w2.grad)
     shifts = np.array([0, 2, 1], np.int64)
-    shifted = lambda x, w: pt.einsum("nc(h+s[c])v,kc->nkhv", x, w, s=shifts)  # noqa: E731
+    shifted = lambda x, w: pt.einsum("nc(h+s[c])v,kc->nkhv", x, w, s=shifts)
     assert torch.autograd.gradcheck(shifted, (x, w[:, :, 0, 0].detach().requires_grad_()))
 
 
