@@ -329,6 +329,14 @@ def tune(fn: TCFunction, *args: Any, out: Any = None, **settings: Any) -> "TuneR
 __all__ = ["define", "Module", "TCFunction", "PolytileError", "dtypes", "tune"]
 
 
+def define_like(fn: TCFunction, source: str, name: str) -> Module:
+    """`source` defined as `fn`'s module was: same backend, target and configuration."""
+    compiler = fn.compiler
+    return define(source, backend=fn.backend, name=name,
+                  target=compiler.target.name if compiler else None,
+                  config=compiler.config if compiler else None)
+
+
 def grad(fn: TCFunction, saved: bool = False) -> Module:
     """The gradient of a TC function, as a Module with one function, `<name>_grad`.
 
@@ -339,13 +347,10 @@ def grad(fn: TCFunction, saved: bool = False) -> Module:
     """
     from polytile.autodiff import backward
     derived = backward(fn.fn, saved=saved)
-    compiler = fn.compiler
-    module = define(derived.source, backend=fn.backend, name=f"<grad of {fn.name}>",
-                    target=compiler.target.name if compiler else None,
-                    config=compiler.config if compiler else None)
+    module = define_like(fn, derived.source, f"<grad of {fn.name}>")
     inner = module._functions[derived.name]
     checked = _SeededFunction(inner.fn, inner.backend, inner.compiler, forward=fn.fn,
-                              seeds=tuple(o for o, _ in derived.seeds), saved=derived.saved)
+                              seeds=tuple(o for o, _ in derived.seeds))
     module._functions[derived.name] = checked
     module.__dict__[derived.name] = checked
     return module
@@ -358,7 +363,6 @@ class _SeededFunction(TCFunction):
 
     forward: P.Function | None = None
     seeds: tuple[str, ...] = ()
-    saved: tuple[str, ...] = ()
     _expected: dict[tuple, tuple[tuple[int, ...], ...]] = field(default_factory=dict)
 
     def __call__(self, *args: Any, out: Any = None, tune: Any = False, **unknown: Any) -> Any:

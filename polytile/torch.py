@@ -34,7 +34,7 @@ import numpy as np
 import torch
 from torch.autograd.function import once_differentiable
 
-from polytile.api import TCFunction, define
+from polytile.api import TCFunction, define_like
 from polytile.autodiff import Backward, backward, forward_saving
 from polytile.errors import ArgumentError, UnsupportedError
 from polytile.interop.adapters import torch_dtype, torch_view
@@ -75,8 +75,10 @@ class _Op:
         if self.derived is None:
             self.custom = _custom(fn, base)
             return
-        self.forward = _sibling(fn, forward_saving(fn.fn, self.derived.saved), fn.name)
-        self.gradient = _sibling(fn, self.derived.source, self.derived.name)
+        forward = forward_saving(fn.fn, self.derived.saved)
+        self.forward = define_like(fn, forward, f"<{fn.name}, saving>")[fn.name]
+        self.gradient = define_like(fn, self.derived.source, f"<{self.derived.name}>")[
+            self.derived.name]
         names = [o.name for o in self.forward.fn.outputs]
         self.seeds = [names.index(o) for o, _ in self.derived.seeds]
         self.saved = [names.index(v) for v in self.derived.saved]
@@ -148,15 +150,6 @@ class _Eager(torch.autograd.Function):
     @once_differentiable          # no second derivatives: refused, never silently zero
     def backward(ctx: Any, *grads: Any) -> Any:        # type: ignore[override]
         return (None, *ctx.op.backward(ctx, grads))
-
-
-def _sibling(fn: TCFunction, source: str, name: str) -> TCFunction:
-    """`name` of `source`, compiled like `fn` (same backend, target and configuration)."""
-    compiler = fn.compiler
-    module = define(source, backend=fn.backend, name=f"<{name}>",
-                    target=compiler.target.name if compiler else None,
-                    config=compiler.config if compiler else None)
-    return module[name]
 
 
 # ---------------------------------------------------------------- running

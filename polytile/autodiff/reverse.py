@@ -68,7 +68,7 @@ class _Adjoints:
         return self.names[version]
 
     def emit(self, stmt: Stmt) -> None:
-        self.read |= stmt.reads()
+        self.read |= stmt.reads
         if stmt.tensor in self.sinks:      # only its own statements touch a sink
             mine = [k for k, s in enumerate(self.deferred) if s.tensor == stmt.tensor]
             last = self.deferred[mine[-1]] if mine else None
@@ -78,7 +78,7 @@ class _Adjoints:
             else:
                 self.deferred.append(stmt)
             return
-        if any(stmt.tensor in s.reads() for s in self.deferred):
+        if any(stmt.tensor in s.reads for s in self.deferred):
             self.flush()        # a deferred statement reads what this one changes
         self.statements.append(stmt)
 
@@ -154,12 +154,10 @@ def backward(fn: P.Function, saved: bool = False) -> Backward:
     prog.share(read)
     kept = sorted(read) if saved else []
     body = [] if saved else _recompute(prog, read)
-    sizes: dict[str, str] = {}
-    params = [prog.param(p, sizes) for p in fn.params]
-    params += [prog.declare(v, prog.shapes[v], str(prog.dtypes[v]), sizes) for v in kept]
-    params += [prog.declare(g, prog.shapes[o], str(prog.dtypes[o]), sizes) for o, g in seeds]
-    outputs = [prog.declare(g, prog.shapes[p], str(prog.dtypes[p]), sizes)
-               for p, g in gradients]
+    params = [prog.param(p) for p in fn.params]
+    params += [prog.declare(v, prog.shapes[v], str(prog.dtypes[v])) for v in kept]
+    params += [prog.declare(g, prog.shapes[o], str(prog.dtypes[o])) for o, g in seeds]
+    outputs = [prog.declare(g, prog.shapes[p], str(prog.dtypes[p])) for p, g in gradients]
     name = prog.names.fresh(f"{fn.name}_grad")
     source = prog.function(name, params, outputs, body + adj.statements)
     return Backward(source, name, tuple(gradients), tuple(seeds), tuple(kept))
@@ -170,8 +168,7 @@ def forward_saving(fn: P.Function, saved: tuple[str, ...]) -> str:
     `saved` of `backward(fn, saved=True)`), as TC text."""
     prog = Program(fn)
     prog.share(set(saved))
-    sizes: dict[str, str] = {}
-    params = [prog.param(p, sizes) for p in fn.params]
+    params = [prog.param(p) for p in fn.params]
     outputs = [o.name for o in fn.outputs]
     outputs += [v for v in saved if v not in outputs]
     body = [s for k in range(len(fn.statements)) for s in prog.forward(k)]
@@ -180,6 +177,7 @@ def forward_saving(fn: P.Function, saved: tuple[str, ...]) -> str:
 
 def _recompute(prog: Program, needed: set[str]) -> list[Stmt]:
     """The forward statements that compute `needed` versions, in order."""
+    needed = set(needed)
     chosen = []
     for k in reversed(range(len(prog.versions))):
         v = prog.versions[k]

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import cached_property
 
 from polytile.autodiff import emit, rules
 from polytile.dtypes import DType
 from polytile.sema import program as P
+from polytile.sema.printer import format_expr
 from polytile.sema import typing as T
 from polytile.sema.sizes import SizeExpr, Sym
 
@@ -30,8 +32,9 @@ class Stmt:
     rhs: P.TExpr
     ranges: Ranges
 
-    def reads(self) -> set[str]:
-        return {r.tensor for e in (self.rhs, *self.lhs) for r in T.reads(e)}
+    @cached_property
+    def reads(self) -> frozenset[str]:
+        return frozenset(r.tensor for e in (self.rhs, *self.lhs) for r in T.reads(e))
 
     @property
     def elementwise(self) -> bool:
@@ -41,8 +44,8 @@ class Stmt:
 
     def text(self) -> str:
         where = ", ".join(f"{i} in {emit.size(r.lo)}:{emit.size(r.hi)}" for i, r in self.ranges)
-        text = (f"{self.tensor}({', '.join(emit.expr(x) for x in self.lhs)}) {self.op} "
-                f"{emit.expr(self.rhs)}")
+        text = (f"{self.tensor}({', '.join(format_expr(x) for x in self.lhs)}) {self.op} "
+                f"{format_expr(self.rhs)}")
         return f"{text} where {where}" if where else text
 
 
@@ -180,16 +183,16 @@ class Program:
         return Stmt(into, idx, "=", typed(rules.const(0, dtype), dtype), ranges)
 
     # ------------------------------------------------------------ declarations
-    def param(self, p: P.Tensor, sizes: dict[str, str]) -> str:
+    def param(self, p: P.Tensor) -> str:
         """A forward parameter, declared again."""
         if p.kind == "scalar":
             return f"{p.dtype} {p.name}"
-        return self.declare(p.name, p.shape, str(p.dtype), sizes)
+        return self.declare(p.name, p.shape, str(p.dtype))
 
-    def declare(self, name: str, shape: tuple[SizeExpr, ...], dtype: str,
-                sizes: dict[str, str]) -> str:
+    def declare(self, name: str, shape: tuple[SizeExpr, ...], dtype: str) -> str:
         """`float(N, K) name`; a dimension that is not a size name or a constant gets a
-        size name of its own, recorded in `sizes` (the caller checks the shape)."""
+        size name of its own (the caller checks the shape: pt.grad against the
+        forward's, polytile.torch by construction)."""
         dims = []
         for d, s in enumerate(shape):
             plain = len(s.terms) == 1 and s.const == 0 and s.terms[0][1] == 1 and \
@@ -197,9 +200,7 @@ class Program:
             if s.is_const or plain:
                 dims.append(str(s))
             else:
-                fresh = self.names.fresh(f"{name}_{d}".upper())
-                sizes[fresh] = str(s)
-                dims.append(fresh)
+                dims.append(self.names.fresh(f"{name}_{d}".upper()))
         return f"{dtype}({', '.join(dims)}) {name}"
 
     def function(self, name: str, params: list[str], outputs: list[str],

@@ -103,9 +103,7 @@ def _throughput(args: argparse.Namespace, facts: dict[str, str], command: str,
     if not workloads:
         raise ArgumentError(f"no workload matches --only {','.join(args.only)}",
                             hint=f"workload families: {', '.join(families())}")
-    options = (TimingOptions(rounds=args.repeats or 3, block_seconds=0.05, settle_seconds=0.05,
-                             discard_calls=1) if args.quick
-               else TimingOptions(rounds=args.repeats or 5))
+    options = TimingOptions.for_run(args.quick, args.repeats)
     print("measuring peak ...", file=sys.stderr, flush=True)
     peak, peak_error = None, None
     try:
@@ -210,9 +208,7 @@ def _training(args: argparse.Namespace, facts: dict[str, str], command: str, dat
     if not workloads:
         raise ArgumentError(f"no training workload matches --only {','.join(args.only)}",
                             hint="MLP1, MLP3, layernorm")
-    options = (TimingOptions(rounds=args.repeats or 3, block_seconds=0.05, settle_seconds=0.05,
-                             discard_calls=1) if args.quick
-               else TimingOptions(rounds=args.repeats or 5))
+    options = TimingOptions.for_run(args.quick, args.repeats)
     rows = training.run(workloads, options,
                         progress=lambda s: print(s, file=sys.stderr, flush=True))
     print()

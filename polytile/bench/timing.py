@@ -61,6 +61,14 @@ class TimingOptions:
     # calibrated, e.g. another process took a core) ends early.
     block_limit: float = 4.0
 
+    @staticmethod
+    def for_run(quick: bool, repeats: int | None) -> "TimingOptions":
+        """The bench's options: short blocks for a quick smoke run, `repeats` rounds."""
+        if quick:
+            return TimingOptions(rounds=repeats or 3, block_seconds=0.05, settle_seconds=0.05,
+                                 discard_calls=1)
+        return TimingOptions(rounds=repeats or 5)
+
 
 def percentile(samples: Sequence[float], q: float) -> float:
     """Linear-interpolation percentile (NumPy's default method), q in [0, 100]."""

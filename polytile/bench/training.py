@@ -94,6 +94,9 @@ def _leaf(torch: Any, array: np.ndarray) -> Any:
 
 
 def _compare(got: list[Any], want: list[Any], w: Workload) -> str:
+    """Why the outputs differ from torch's, or "". Errors are measured against each
+    tensor's largest magnitude, not per element (harness.compare): a gradient sums many
+    terms in another order, so its small elements carry the large ones' rounding."""
     names = ["output"] + [f"gradient {k}" for k in range(len(got) - 1)]
     for name, g, e in zip(names, got, want):
         g, e = g.detach().double().numpy(), e.detach().double().numpy()

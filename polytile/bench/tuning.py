@@ -358,9 +358,7 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"{', '.join(families())}", file=sys.stderr)
         return 2
     strategies = STRATEGIES if args.strategy == "both" else (args.strategy,)
-    timing = (TimingOptions(rounds=args.repeats or 3, block_seconds=0.05, settle_seconds=0.05,
-                            discard_calls=1) if args.quick
-              else TimingOptions(rounds=args.repeats or 5))
+    timing = TimingOptions.for_run(args.quick, args.repeats)
     settings = Settings(strategies, args.budget, timing, args.seed, not args.quiet)
     date = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
     facts = machine_facts()

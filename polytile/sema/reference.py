@@ -88,9 +88,7 @@ def _run_scatter(st: P.Statement, ranges: tuple[tuple[str, int, int], ...],
     if any(hi == lo for _, lo, hi in ranges):
         return
     shape = tuple(hi - lo for _, lo, hi in ranges)
-    grid = {name: np.arange(lo, hi, dtype=np.int64).reshape(
-        [-1 if k == axis else 1 for k in range(len(ranges))])
-        for axis, (name, lo, hi) in enumerate(ranges)}
+    grid = _grid(ranges)
     target = tensors[st.tensor]
     wide = np.float32 if target.dtype.itemsize == 2 and target.dtype.kind not in "iu" \
         else target.dtype
@@ -120,11 +118,8 @@ def _evaluate_statement(st: P.Statement, ranges: tuple[tuple[str, int, int], ...
     fast = _einsum(st, ranges, tensors, dtype)
     if fast is not None:
         return fast
-    axes = {name: k for k, (name, _, _) in enumerate(ranges)}
     shape = tuple(hi - lo for _, lo, hi in ranges)
-    grid = {name: np.arange(lo, hi, dtype=np.int64).reshape(
-        [-1 if k == axes[name] else 1 for k in range(len(ranges))])
-        for name, lo, hi in ranges}
+    grid = _grid(ranges)
     value = _eval(st.rhs, grid, tensors, env)
     value = np.broadcast_to(np.asarray(value), shape)
     wide = np.float32 if dtype.itemsize == 2 and dtype.kind not in "iu" else dtype
@@ -134,6 +129,13 @@ def _evaluate_statement(st: P.Statement, ranges: tuple[tuple[str, int, int], ...
         with np.errstate(all="ignore"):
             value = _REDUCE[st.op](value, axis=reduce_axes).astype(wide)
     return _cast(value, dtype)
+
+
+def _grid(ranges: tuple[tuple[str, int, int], ...]) -> dict[str, np.ndarray]:
+    """Each index's values, shaped to broadcast along its own axis of the iteration box."""
+    return {name: np.arange(lo, hi, dtype=np.int64).reshape(
+        [-1 if k == axis else 1 for k in range(len(ranges))])
+        for axis, (name, lo, hi) in enumerate(ranges)}
 
 
 def _cast(value: np.ndarray, dtype: np.dtype) -> np.ndarray:
