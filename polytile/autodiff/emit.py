@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from polytile.sema.sizes import Atom, Div, SizeExpr, Sym
 
+
 def size(s: SizeExpr, paren: bool = False) -> str:
     """A size expression as a TC range bound (`/` of sizes rounds down there)."""
     parts: list[str] = []

@@ -14,8 +14,8 @@ from functools import cached_property
 from polytile.autodiff import emit, rules
 from polytile.dtypes import DType
 from polytile.sema import program as P
-from polytile.sema.printer import format_expr
 from polytile.sema import typing as T
+from polytile.sema.printer import format_expr
 from polytile.sema.sizes import SizeExpr, Sym
 
 ZERO = SizeExpr.const_(0)

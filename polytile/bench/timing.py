@@ -62,7 +62,7 @@ class TimingOptions:
     block_limit: float = 4.0
 
     @staticmethod
-    def for_run(quick: bool, repeats: int | None) -> "TimingOptions":
+    def for_run(quick: bool, repeats: int | None) -> TimingOptions:
         """The bench's options: short blocks for a quick smoke run, `repeats` rounds."""
         if quick:
             return TimingOptions(rounds=repeats or 3, block_seconds=0.05, settle_seconds=0.05,
