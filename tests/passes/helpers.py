@@ -52,8 +52,12 @@ def lowered(source: str, shapes: Mapping[str, tuple[int, ...]],
 
 
 def target(name: str) -> Target:
-    """A shipped target, whatever the host: the passes read only its parameters."""
-    return select_target(name, features=host_features() | frozenset(load_target(name).requires))
+    """A shipped target, whatever the host: the passes read only its parameters, and the
+    cache sizes are the file's, not this machine's, so a schedule does not change with the
+    host the tests run on."""
+    shipped = load_target(name)
+    chosen = select_target(name, features=host_features() | frozenset(shipped.requires))
+    return replace(chosen, cache_bytes=shipped.cache_bytes)
 
 
 def block(fn: N.Function, name: str) -> N.Block:
