@@ -203,6 +203,14 @@ class TCFunction:
         return shapes, (tuple([to_int(args[k]) for k in self._int_pos]) if self._int_pos
                         else ())
 
+    def compiled(self, args: Sequence[Any]) -> "CompiledFunction | None":
+        """The kernel already compiled for these arguments' shapes (and integer scalars),
+        or None; compiles nothing and checks nothing else."""
+        try:
+            return self._kernels.get(self._key(args))
+        except (AttributeError, TypeError, ValueError, OverflowError):
+            return None
+
     def _fast_call(self, args: tuple[Any, ...], out: Any) -> Any:
         """The cached path: arguments already seen with these shapes; None to take the
         checked path (anything unusual, including every error, goes there)."""
@@ -211,10 +219,7 @@ class TCFunction:
         if out is not None and not isinstance(out, np.ndarray) and not (
                 isinstance(out, tuple) and len(out) == len(self.fn.outputs)):
             return None
-        try:
-            kernel = self._kernels.get(self._key(args))
-        except (AttributeError, TypeError, ValueError, OverflowError):   # int(inf)
-            return None
+        kernel = self.compiled(args)
         if kernel is None:
             return None
         return kernel.run_fast(args, out)

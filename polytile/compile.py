@@ -15,7 +15,7 @@ import hashlib
 import json
 import math
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -200,6 +200,18 @@ def _option_text(value: Any) -> str:
     return repr(value)
 
 
+def _scalar_buffer(value: Any, dtype: np.dtype, dt: Any, limit: float) -> np.ndarray | None:
+    """A scalar argument as the 0-d array the kernel reads, or None when it needs the
+    checked path (which raises the error). A Python float for a float parameter is only
+    range-checked (the common case, kept cheap); anything else is checked in full."""
+    if type(value) is float and dtype.kind == "f":
+        if limit <= abs(value) < math.inf:
+            return None
+    elif scalar_problem(dt, value) is not None:
+        return None
+    return np.array(value, dtype=dtype)
+
+
 def _uncleared(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
     """An output the kernel writes in full before reading it (tests fill it with garbage)."""
     return np.empty(shape, dtype)
@@ -221,13 +233,14 @@ class CompiledFunction:
         self._scalar = tuple(p.kind == "scalar" for p in params)
         self._limits = tuple(overflow_limit(p.dtype) if p.dtype.is_float else math.inf
                              for p in params)
-        self._outputs = tuple((spec.shape(o.name), o.dtype.numpy) for o in spec.fn.outputs)
+        self.output_types = tuple((spec.shape(o.name), o.dtype.numpy) for o in spec.fn.outputs)
         # Outputs whose every element the kernel writes before reading it are allocated
         # without clearing (np.zeros of 16 MB costs 0.12 ms, np.empty nothing).
         # Each output's allocator, chosen once: np.empty where the kernel writes every
         # element before reading it, else np.zeros.
         self._allocate = tuple((_uncleared if k < len(unfilled) and unfilled[k] else np.zeros,
-                                shape, dtype) for k, (shape, dtype) in enumerate(self._outputs))
+                                shape, dtype) for k, (shape, dtype) in enumerate(self.output_types))
+        self.cleared = tuple(a is np.zeros for a, _, _ in self._allocate)
         self._fast_ok = not spec.fn.inout
 
     def run(self, inputs: dict[str, np.ndarray], scalars: dict[str, Any],
@@ -261,9 +274,9 @@ class CompiledFunction:
             return None
         if out is not None:
             outs = [out] if isinstance(out, np.ndarray) else list(out)
-            if len(outs) != len(self._outputs):
+            if len(outs) != len(self.output_types):
                 return None
-            for o, (shape, dtype) in zip(outs, self._outputs):
+            for o, (shape, dtype) in zip(outs, self.output_types):
                 if (type(o) is not np.ndarray or o.shape != shape or o.dtype != dtype
                         or not o.flags.c_contiguous or not o.flags.writeable
                         or any(isinstance(a, np.ndarray) and np.may_share_memory(a, o)
@@ -273,15 +286,9 @@ class CompiledFunction:
         for a, dtype, scalar, dt, limit in zip(args, self._dtypes, self._scalar, self._types,
                                                self._limits):
             if scalar:
-                # A Python float for a float parameter is only range-checked (the common
-                # case, kept cheap); anything else is checked in full. A problem sends the
-                # call to the checked path, which raises the error.
-                if type(a) is float and dtype.kind == "f":
-                    if limit <= abs(a) < math.inf:
-                        return None
-                elif scalar_problem(dt, a) is not None:
+                a = _scalar_buffer(a, dtype, dt, limit)
+                if a is None:
                     return None
-                a = np.array(a, dtype=dtype)
             elif type(a) is not np.ndarray or a.dtype != dtype or not a.flags.c_contiguous:
                 return None
             buffers.append(a)
@@ -289,6 +296,28 @@ class CompiledFunction:
             outs = [allocate(shape, dtype) for allocate, shape, dtype in self._allocate]
         self._check(self.kernel(buffers + outs))
         return outs[0] if len(outs) == 1 else tuple(outs)
+
+    @property
+    def takes_addresses(self) -> bool:
+        """Whether `run_addresses` may be used (a native kernel, no in/out outputs)."""
+        return self._fast_ok and self.kernel.takes_addresses
+
+    def run_addresses(self, args: Sequence[Any], outputs: Sequence[int]) -> bool:
+        """Run on trusted data addresses, for callers whose tensors have no buffer
+        protocol (polytile.torch): `args` holds, for each tensor parameter, the address
+        (an int) of C-contiguous memory of exactly its shape and dtype, checked by the
+        caller, and the raw scalars; `outputs` the outputs' addresses, memory that
+        overlaps no input. False (nothing run) when a scalar needs the checked path."""
+        buffers: list[Any] = []
+        for a, dtype, scalar, dt, limit in zip(args, self._dtypes, self._scalar, self._types,
+                                               self._limits):
+            if scalar:
+                a = _scalar_buffer(a, dtype, dt, limit)
+                if a is None:
+                    return False
+            buffers.append(a)
+        self._check(self.kernel(buffers + list(outputs)))
+        return True
 
     def _check(self, failure: Any) -> None:
         if failure is None:

@@ -27,7 +27,9 @@ from __future__ import annotations
 
 import itertools
 import re
+import weakref
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -36,6 +38,7 @@ from torch.autograd.function import once_differentiable
 
 from polytile.api import TCFunction, define_like
 from polytile.autodiff import Backward, backward, forward_saving
+from polytile.compile import CompiledFunction
 from polytile.errors import ArgumentError, UnsupportedError
 from polytile.interop.adapters import torch_dtype, torch_view
 from polytile.sema import program as P
@@ -155,12 +158,61 @@ class _Eager(torch.autograd.Function):
 # ---------------------------------------------------------------- running
 
 def _run(tc: TCFunction, args: tuple[Any, ...] | list[Any]) -> tuple[torch.Tensor, ...]:
-    """`tc` on tensors (NumPy views of their memory), its outputs as tensors."""
+    """`tc` on tensors, its outputs as tensors: the kernel compiled for these shapes on
+    the tensors' data pointers, else through NumPy views of their memory."""
+    compiled = tc.compiled(args)
+    if compiled is not None and compiled.takes_addresses:
+        result = _run_addresses(compiled, args)
+        if result is not None:
+            return result
     # Runs twice a training step: no per-argument function call for the common dtypes.
     views = [a if not isinstance(a, torch.Tensor) else a.detach().numpy()
              if a.dtype is not torch.bfloat16 else torch_view(a.detach()) for a in args]
     result = tc(*views)
     return tuple(_tensor(o) for o in (result if isinstance(result, tuple) else (result,)))
+
+
+@dataclass(frozen=True)
+class _Types:
+    """A compiled kernel's parameter and output types in torch's terms."""
+    params: tuple[torch.dtype | None, ...]           # None: a scalar
+    outputs: tuple[tuple[tuple[int, ...], torch.dtype, bool], ...]   # shape, dtype, cleared
+
+    @staticmethod
+    def of(compiled: CompiledFunction) -> _Types:
+        return _Types(
+            tuple(None if p.kind == "scalar" else torch_dtype(p.dtype.numpy)
+                  for p in compiled.fn.params),
+            tuple((shape, torch_dtype(dtype), cleared) for (shape, dtype), cleared
+                  in zip(compiled.output_types, compiled.cleared)))
+
+
+_PLAIN = (torch.Tensor, torch.nn.Parameter)    # subclasses may redefine data_ptr: not these
+_TYPES: weakref.WeakKeyDictionary[CompiledFunction, _Types] = weakref.WeakKeyDictionary()
+
+
+def _run_addresses(compiled: CompiledFunction, args: tuple[Any, ...] | list[Any]
+                   ) -> tuple[torch.Tensor, ...] | None:
+    """The call on data pointers (a third of the cost of NumPy views, which a training
+    step pays for every tensor twice), or None when an argument needs the general path.
+    `compiled` was found by these tensors' shapes; dtype, device and layout are checked
+    here."""
+    types = _TYPES.get(compiled)
+    if types is None:
+        types = _TYPES[compiled] = _Types.of(compiled)
+    addresses: list[Any] = []
+    for a, dtype in zip(args, types.params):
+        if dtype is None:
+            addresses.append(a)
+        elif (type(a) in _PLAIN and a.dtype is dtype and a.is_cpu and a.is_contiguous()):
+            addresses.append(a.data_ptr())
+        else:
+            return None
+    outputs = tuple(torch.zeros(shape, dtype=dtype) if cleared else
+                    torch.empty(shape, dtype=dtype) for shape, dtype, cleared in types.outputs)
+    if not compiled.run_addresses(addresses, [o.data_ptr() for o in outputs]):
+        return None
+    return outputs
 
 
 def _tensor(array: np.ndarray) -> torch.Tensor:

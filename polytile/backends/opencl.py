@@ -81,6 +81,8 @@ class OpenCLBackend:
 class OpenCLKernel:
     """A loaded OpenCL program and the launches that run one call of it."""
 
+    takes_addresses = False     # its buffers are copied to the device: arrays only
+
     def __init__(self, program: Any, kernel: L.Kernel, plan: tuple[Launch, ...]):
         from polytile.runtime.opencl import opencl_device
         self.device = opencl_device()

@@ -24,6 +24,8 @@ _FFI.cdef(f"int32_t {SYMBOL}(void **args, int64_t *err);")
 _newp = _cffi_backend.newp
 _from_buffer = _cffi_backend.from_buffer
 _CHARS = _FFI.typeof("char[]")
+_cast = _FFI.cast
+_VOIDP = _FFI.typeof("void *")
 _ERR = _FFI.typeof("int64_t[4]")
 
 
@@ -40,6 +42,7 @@ class Runnable(Protocol):
     arrays (contiguous NumPy arrays, outputs last, written in place); None on success."""
 
     n_params: int
+    takes_addresses: bool    # whether a buffer may also be a data address (an int)
 
     def __call__(self, buffers: Sequence[Any]) -> KernelFailure | None: ...
 
@@ -53,9 +56,14 @@ class Kernel:
         self._args_type = _FFI.typeof(f"void *[{max(1, n_params)}]")
         self.n_params = n_params
 
+    takes_addresses = True
+
     def __call__(self, buffers: Sequence[Any]) -> KernelFailure | None:
-        """Run on objects exporting the buffer protocol (NumPy arrays); None on success."""
-        args = _newp(self._args_type, [_from_buffer(_CHARS, b, False) for b in buffers])
+        """Run on objects exporting the buffer protocol (NumPy arrays) or on data
+        addresses (ints, which the caller vouches for: polytile.torch passes tensors'
+        data pointers this way); None on success."""
+        args = _newp(self._args_type, [_cast(_VOIDP, b) if type(b) is int
+                                       else _from_buffer(_CHARS, b, False) for b in buffers])
         err = _newp(_ERR, None)
         code = self._cfunc(args, err)
         if code == 0:

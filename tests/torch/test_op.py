@@ -194,3 +194,35 @@ def test_second_derivatives_are_refused_not_zero(ops: dict) -> None:
     (gx,) = torch.autograd.grad(y.sum() * 0 + (y * y).sum(), x, create_graph=True)
     with pytest.raises(RuntimeError, match="once_differentiable|does not require grad"):
         gx.sum().backward()
+
+
+def test_the_address_path_agrees_with_the_numpy_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Once a kernel is compiled for the shapes, contiguous CPU tensors go to it by data
+    pointer; offset views, transposed views, a scalar and a wrong dtype still come out
+    right (or refused), as on the NumPy path."""
+    mod = pt.define("def axpy(float(N,M) x, float(N,M) y, float a) -> (z) {\n"
+                    "  z(i,j) = a * x(i,j) + y(i,j)\n}")
+    op = ptt.op(mod.axpy)
+    gen = torch.Generator().manual_seed(5)
+    big = torch.randn(9, 13, generator=gen)
+    x, y = big[1:8], torch.randn(7, 13, generator=gen)     # x: contiguous, at an offset
+    calls: list[bool] = []
+    real = ptt._run_addresses
+
+    def spy(compiled, args):  # type: ignore[no-untyped-def]
+        result = real(compiled, args)
+        calls.append(result is not None)
+        return result
+
+    monkeypatch.setattr(ptt, "_run_addresses", spy)
+    first = op(x, y, 1.5)                                 # compiles: NumPy path
+    assert calls == []
+    torch.testing.assert_close(first, 1.5 * x + y)
+    torch.testing.assert_close(op(x, y, -0.25), -0.25 * x + y)
+    assert calls == [True]
+    xt = torch.randn(13, 7, generator=gen).t()            # same shape, not contiguous
+    torch.testing.assert_close(op(xt, y, 2.0), 2.0 * xt + y)
+    assert calls == [True, False]
+    with pytest.raises(pt.ArgumentError, match="dtype float32"):
+        op(x.double(), y, 2.0)
+    assert calls[-1] is False
