@@ -436,6 +436,11 @@ class _Printer:
         inner_fail = fail
         if st.kind == "parallel":
             pragma = "omp parallel for simd" if st.simd else "omp parallel for"
+            for s in st.accumulate:
+                if s.buffer not in self.buffers:
+                    raise IRError(f"buffer {s.buffer} is not declared")
+                self.used_buffers.add(s.buffer)
+                pragma += f" reduction(+: {s.buffer}[{s.offset}:{s.count}])"
             inner_fail = _Target(self.label("pt_next_"))
         body = self.stmts(st.body, inner_fail)
         if inner_fail is not fail and inner_fail.used:

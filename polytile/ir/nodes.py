@@ -36,6 +36,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping, Union
 
+from polytile import dtypes
 from polytile.dtypes import DType
 
 AGG_OPS = ("assign", "add", "mul", "min", "max")
@@ -264,7 +265,10 @@ class BlockSchedule:
     * order: the loop order of a micro-kernel's loops other than the vector and the
       unrolled indices, outermost first (set by pass `reorder`; empty: block order);
     * parallel: the index whose loop runs in threads (OpenMP); its iterations write
-      disjoint elements (the pass that sets it proves that with isl);
+      disjoint elements (the pass that sets it proves that with isl), apart from
+    * combine: buffers the parallel loop's iterations accumulate into (refinements
+      with aggregation add, e.g. a column sum fused into a row loop): each thread adds
+      into a private copy, and the copies are added into the buffer at the end;
     * simd: the innermost loop runs as `omp simd`;
     * gpu: indices mapped to a GPU's grid or threads of a block (GPU_KINDS);
     * prefetch: a vector micro-kernel's data-dependent (gathered) loads are prefetched
@@ -284,12 +288,18 @@ class BlockSchedule:
     order: tuple[str, ...] = ()
     transpose: int = 0
     parallel: str | None = None
+    combine: tuple[str, ...] = ()
     simd: bool = False
     gpu: tuple[tuple[str, str], ...] = ()
     prefetch: int = 0
     tensorize: Tensorized | None = None
     stage: Staged | None = None
     across: Across | None = None
+
+
+# The element types whose buffers threads may accumulate privately (BlockSchedule.combine):
+# the C types OpenMP reduces, and whose addition has no undefined overflow.
+COMBINABLE = (dtypes.FLOAT32, dtypes.FLOAT64)
 
 
 @dataclass(frozen=True)

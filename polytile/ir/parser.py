@@ -210,16 +210,21 @@ class _Parser(TokenCursor[_Token]):
         if word in ("micro", "simd"):
             fields[word] = True
             return
-        if word not in ("parallel", "vector", "unroll", "order", "transpose", "boundary",
+        if word not in ("parallel", "combine", "vector", "unroll", "order", "transpose",
+                        "boundary",
                         "prefetch", "tensorize", "stage", "across", *GPU_KINDS):
             raise IRError(f"unknown schedule item {word!r}", item.loc,
                           "items: micro, vector(i, dtype, lanes), boundary(remainders|guarded), "
-                          "unroll(i, ...), order(i, ...), transpose(width), parallel(i), simd, "
+                          "unroll(i, ...), order(i, ...), transpose(width), parallel(i), "
+                          "combine(buffer, ...), simd, "
                           "grid(i), thread(i), prefetch(distance), tensorize(instruction, i, k), "
                           "stage(k, tile, A, ..., pad = n), across(k, threads)")
         self.expect("(")
         if word in ("unroll", "order"):
             fields[word] = self.listed(")", lambda: self.name("an index"))
+            return
+        if word == "combine":
+            fields[word] = self.listed(")", lambda: self.name("a buffer"))
             return
         if word == "parallel":
             fields["parallel"] = self.name("the index that runs in threads")

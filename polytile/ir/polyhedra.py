@@ -181,17 +181,19 @@ def parent_footprint(scope: Scope, ref: str, mode: str) -> tuple[tuple[str, ...]
                          for p in footprint(scope, ref, mode))
 
 
-def writes_disjoint(block: Block, index: str) -> bool:
+def writes_disjoint(block: Block, index: str, combined: Iterable[str] = ()) -> bool:
     """True if iterations of `block` that differ in `index` (the indices before it
     equal, those after it anything) never write the same element of the buffers it
-    writes: the exact test for running that index's loop in parallel threads."""
+    writes, apart from the `combined` ones (threads accumulate those privately: see
+    BlockSchedule.combine): the exact test for running that index's loop in parallel
+    threads."""
     scope = Scope.detached(block)
     iterated = scope.iterated
     mine = scope.own[[i.name for i in block.idxs].index(index)]
     loop = iterated.index(mine)
     other = {v: f"{v}_q" for v in iterated[loop:]}
     for ref in block.refs:
-        if ref.dir not in WRITE_DIRS or not ref.from_:
+        if ref.dir not in WRITE_DIRS or not ref.from_ or ref.into in combined:
             continue
         coords, writes = parent_footprint(scope, ref.into, WRITE)
         if not writes:

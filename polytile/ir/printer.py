@@ -22,7 +22,8 @@ One construct per line, two spaces of indentation per nesting level:
 
 A block header lists its indices (`i:10` iterates, `i = 4*i1 + 2` is passed in
 from the parent with range 1), its tags, its schedule when it has one
-(`schedule(micro, vector(j, float32, 16), unroll(i), order(k), transpose(16), parallel(i), simd,
+(`schedule(micro, vector(j, float32, 16), unroll(i), order(k), transpose(16), parallel(i),
+combine(C), simd,
 grid(i), thread(j), prefetch(8))`, see `BlockSchedule`), then, inside `( )`, its constraints
 (`expr >= 0`) and its refinements:
 `dir name <- parent[access] dtype(size:stride, ...)[:agg][ @location]`
@@ -148,6 +149,7 @@ def format_schedule(s: BlockSchedule) -> str:
     if s.transpose:
         items.append(f"transpose({s.transpose})")
     items += [f"parallel({s.parallel})"] if s.parallel else []
+    items += [f"combine({', '.join(s.combine)})"] if s.combine else []
     items += ["simd"] if s.simd else []
     items += [f"{kind}({index})" for index, kind in s.gpu]
     items += [f"prefetch({s.prefetch})"] if s.prefetch else []

@@ -32,7 +32,8 @@ Schedules (`BlockSchedule`), which passes decide and backends print:
   a vector index moves every view that depends on it by one element (vectors are
   contiguous), its lanes are a power of two, and with `target` at most what one of
   the target's registers holds of its dtype;
-* iterations of the parallel index write disjoint elements (isl).
+* iterations of the parallel index write disjoint elements (isl), but for the
+  buffers it combines (aggregation add, float types, at a place fixed across threads).
 """
 from __future__ import annotations
 
@@ -46,6 +47,7 @@ from polytile.ir import intrinsics, polyhedra
 from polytile.ir.nodes import (
     AGG_OPS,
     BOUNDARY_KINDS,
+    COMBINABLE,
     DIRECTIONS,
     GPU_KINDS,
     Across,
@@ -215,9 +217,28 @@ def _check_schedule(block: Block, path: str, target: Target | None) -> None:
         _check_across(block, s.across, path)
     if s.vector is not None:
         _check_vector(block, s.vector, path, target)
-    if s.parallel and not polyhedra.writes_disjoint(block, s.parallel):
+    if s.combine:
+        _check_combine(block, path)
+    if s.parallel and not polyhedra.writes_disjoint(block, s.parallel, s.combine):
         raise _fail(path, f"the schedule runs index {s.parallel} in threads, but its "
                           "iterations may write the same element")
+
+
+def _check_combine(block: Block, path: str) -> None:
+    s = block.schedule
+    if s.parallel is None:
+        raise _fail(path, f"combine({', '.join(s.combine)}) needs a parallel index")
+    refs = {r.into: r for r in block.refs}
+    for name in s.combine:
+        ref = refs.get(name)
+        if ref is None or ref.dir not in ("out", "inout") or ref.agg != "add":
+            raise _fail(path, f"combine({name}) needs a written refinement {name} of the "
+                              "block with aggregation add")
+        if ref.shape.dtype not in COMBINABLE or any(
+                a.coeff(s.parallel) for a in ref.access):
+            raise _fail(path, f"combine({name}): threads can add private copies of "
+                              f"{', '.join(map(str, COMBINABLE))} buffers at a fixed place "
+                              "only")
 
 
 def _check_vector(block: Block, vector: VectorLoop, path: str, target: Target | None) -> None:

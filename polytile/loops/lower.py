@@ -227,7 +227,9 @@ class Lowering:
             var = space.loops[k]
             lo, hi = space.bounds.range_of(var)
             kind = "parallel" if k == par_k else kinds.get(var, "serial")
-            stmts = [L.Loop(var, lo, hi, tuple(stmts), kind, simd=k == simd_k)]
+            spans = self.accumulated(blk, views) if k == par_k else ()
+            stmts = [L.Loop(var, lo, hi, tuple(stmts), kind, simd=k == simd_k,
+                            accumulate=spans)]
         if space.guards:
             stmts = [L.If(tuple(space.guards), tuple(stmts))]
         return [title, *notes, *stmts]
@@ -252,6 +254,19 @@ class Lowering:
                               f"{ref.from_!r}, which its parent does not declare")
             views[ref.into] = child_view(ref, parent, idx)
         return views, private
+
+    def accumulated(self, blk: Block, views: dict[str, View]) -> tuple[L.Span, ...]:
+        """The spans of the buffers the schedule's parallel loop combines."""
+        spans = []
+        for name in blk.schedule.combine:
+            view = views[name]
+            if view.offset.terms:
+                raise IRError(f"block {blk.name!r} combines {name}, whose place moves with "
+                              f"the loops {list(view.offset.names)}")
+            reach = [(d.size - 1) * d.stride for d in view.dims]
+            low = view.offset.const + sum(r for r in reach if r < 0)
+            spans.append(L.Span(view.ptr, low, 1 + sum(abs(r) for r in reach)))
+        return tuple(spans)
 
     def parallel_loop(self, blk: Block, outer: Scope, space: IterationSpace) -> int | None:
         """The position of the loop the schedule runs in threads (None inside another

@@ -13,7 +13,9 @@ Semantics (the interpreter, polytile.loops.interp, is the reference):
 * `Loop(var, lo, hi, body, kind, step)`: var = lo, lo + step, ... while var < hi. Kind
   "parallel" (threads), "grid" and "thread" (a GPU's blocks and threads) run the
   iterations in any order or at once; they write disjoint elements (the pass that chose
-  the kind proved it). `simd` allows the iterations to run across the lanes of a vector.
+  the kind proved it), except in the spans of `accumulate`, into which they only add:
+  each thread adds into a private copy, and the copies are added in at the end (OpenMP's
+  array reduction). `simd` allows the iterations to run across the lanes of a vector.
 * `Read(buffer, offset, lanes, count)`: `lanes` consecutive elements from `offset`; with
   a count, lanes at or past it read as 0 and touch no memory. `Store` writes the same
   way, combining each element with its aggregation (`Combine` semantics).
@@ -186,6 +188,15 @@ class Store:
 
 
 @dataclass(frozen=True)
+class Span:
+    """Elements [offset, offset + count) of a buffer."""
+
+    buffer: str
+    offset: int
+    count: int
+
+
+@dataclass(frozen=True)
 class Loop:
     var: str
     lo: IExpr
@@ -194,6 +205,7 @@ class Loop:
     kind: str = "serial"
     step: int = 1
     simd: bool = False
+    accumulate: tuple[Span, ...] = ()     # parallel loops only
 
 
 @dataclass(frozen=True)

@@ -93,8 +93,11 @@ def _stmts(stmts: tuple[L.Stmt, ...], depth: int) -> list[str]:
             kind = "" if st.kind == "serial" else f"{st.kind} "
             simd = "simd " if st.simd else ""
             step = "" if st.step == 1 else f" step {st.step}"
+            spans = ", ".join(f"{s.buffer}[{s.offset}:{s.offset + s.count}]"
+                              for s in st.accumulate)
+            adds = f" adding into {spans}" if spans else ""
             out.append(f"{pad}{kind}{simd}for {st.var} in [{iexpr(st.lo)}, {iexpr(st.hi)})"
-                       f"{step}:")
+                       f"{step}{adds}:")
             out += _stmts(st.body, depth + 1)
         elif isinstance(st, L.If):
             conds = " and ".join(f"{iexpr(c)} >= 0" for c in st.conds)

@@ -363,7 +363,12 @@ def _schedule_fused(block: N.Block, target: Target, given: dict[str, Schedule]) 
     rows = math.prod(i.range for i in block.idxs if i.affine is None)
     fused = replace(block, stmts=tuple(members))
     if rows >= 2 and rows * member_work >= PARALLEL_MIN_WORK and not fused.schedule.parallel:
-        fused = replace(fused, schedule=replace(fused.schedule, parallel=thread_loop(fused)))
+        # A column reduction fused into the rows (pass fuse) adds into its result from
+        # every row: threads add into private copies of it.
+        combined = tuple(r.into for r in fused.refs if r.agg == "add" and r.dir != "in")
+        index = thread_loop(fused, combined)
+        fused = replace(fused, schedule=replace(fused.schedule, parallel=index,
+                                                combine=combined if index else ()))
     return fused
 
 

@@ -21,6 +21,18 @@ Strategies (TC §6.2 names max, preserve-parallelism and min):
           (it gives up its cache tiles for the row loop)
     none  no fusion
 
+A column reduction whose result is small (at most a quarter of L1) joins a row loop
+over the rows it reduces: `d_beta(d) +=! d_Y(n, d)` after a loop over n reads each row
+of d_Y while it is in cache instead of in a pass of its own. Its index n becomes the
+fused row, the fused block adds into the result (aggregation add), and pass autotile
+runs the rows in threads that add into private copies of it (`BlockSchedule.combine`).
+The statement that clears the result moves in front of the row loop.
+
+    block s0 [i0:N, i1:D] (out o0[i0, i1])       block s1_init [i0:D] (out o1[i0])
+    block s1_init [i0:D] (out o1[i0])       ->   block fused_0 [r:N] #fused (inout o1:add)
+    block s1 [i0:D, i1:N] (out o1[i0]:add)          block s0 [i0 = r, i1:D]
+                                                    block s1 [i1 = r, i0:D] (out o1[i0]:add)
+
 Both "rows" and "max" keep the fused loop parallel; fusing across a dependence between
 rows (which would serialize it) is not built.
 """
@@ -50,6 +62,28 @@ def _row_index(block: N.Block) -> N.Index | None:
     if not outs or not all(any(a.coeff(first.name) for a in r.access) for r in outs):
         return None
     return first
+
+
+def _column_member(block: N.Block, rows: int, budget: float) -> N.Block | None:
+    """`block` with its first index a reduced index of `rows` iterations, when it is a
+    column reduction that can join a row loop over that index: every write adds, at
+    a place independent of it, into a small float buffer; else None."""
+    if "kernel" not in block.tags or any(isinstance(s, N.Block) for s in block.stmts):
+        return None
+    outs = [r for r in block.refs if r.dir in ("out", "inout")]
+    if not outs or any(r.agg != "add" or r.dir != "out" or r.shape.dtype not in N.COMBINABLE
+                       for r in outs):
+        return None
+    if sum(_view_bytes(r, block) for r in outs) > budget or (
+            {r.from_ for r in outs} & {r.from_ for r in block.refs if r.dir == "in"}):
+        return None
+    for idx in block.idxs:
+        if (idx.affine is None and idx.range == rows
+                and not any(a.coeff(idx.name) for r in outs for a in r.access)
+                and any(a.coeff(idx.name) for r in block.refs if r.dir == "in"
+                        for a in r.access)):
+            return replace(block, idxs=(idx, *(i for i in block.idxs if i is not idx)))
+    return None
 
 
 def _fusible(block: N.Block, budget: float) -> bool:
@@ -135,15 +169,31 @@ def fuse(fn: N.Function, target: Target, params: dict[str, Any]) -> N.Function:
         return fn
     budget = math.inf if strategy == "max" else target.cache_size("L1") // 2
     groups: list[list[N.Statement]] = []
-    for s in fn.body.stmts:
+    body = list(fn.body.stmts)
+    while body:
+        s = body.pop(0)
         last = groups[-1] if groups else None
-        if (isinstance(s, N.Block) and _fusible(s, budget) and last
-                and isinstance(last[0], N.Block) and _fusible(last[0], budget)
-                and _row_index(last[0]).range == _row_index(s).range  # type: ignore[union-attr]
+        rows = (_row_index(last[0]).range  # type: ignore[union-attr]
+                if last and isinstance(last[0], N.Block) and _fusible(last[0], budget)
+                else None)
+        if rows is None:
+            groups.append([s])
+            continue
+        assert last is not None
+        if (isinstance(s, N.Block) and _fusible(s, budget)
+                and _row_index(s).range == rows  # type: ignore[union-attr]
                 and all(_conflict_free(m, s) for m in last)):  # type: ignore[arg-type]
             last.append(s)
-        else:
-            groups.append([s])
+            continue
+        column = _joining_column(s, body, last, rows, target.cache_size("L1") // 4)
+        if column is not None:
+            init, member = column
+            if init is not None:
+                body.pop(0)
+                groups.insert(len(groups) - 1, [init])
+            last.append(member)
+            continue
+        groups.append([s])
     stmts: list[N.Statement] = []
     temps = {r.into for r in fn.body.refs if r.dir == "none"}
     for k, group in enumerate(groups):
@@ -155,12 +205,37 @@ def fuse(fn: N.Function, target: Target, params: dict[str, Any]) -> N.Function:
     return replace(fn, body=_localize(body, temps))
 
 
+def _joining_column(s: N.Statement, rest: list[N.Statement], group: list[N.Statement],
+                    rows: int, budget: float) -> tuple[N.Block | None, N.Block] | None:
+    """How a column reduction joins `group`, a row loop of `rows` rows: the statement
+    that clears its result, if `s` is that statement and the reduction follows it, moves
+    in front of the loop, and the reduction (with its row first) becomes a member."""
+    init = None
+    if isinstance(s, N.Block) and "init" in s.tags and rest:
+        init, s = s, rest[0]
+    if not isinstance(s, N.Block):
+        return None
+    member = _column_member(s, rows, budget)
+    if member is None or not all(_conflict_free(m, member) for m in group):  # type: ignore[arg-type]
+        return None
+    if init is not None:
+        cleared = {r.from_ for r in init.refs}
+        written = {r.from_ for r in member.refs if r.dir != "in"}
+        touched = {r.from_ for m in group if isinstance(m, N.Block) for r in m.refs}
+        if cleared != written or cleared & touched:
+            return None
+    return init, member
+
+
 def _fused(name: str, members: list[N.Block], parent: N.Block) -> N.Block:
     rows = members[0].idxs[0].range
     used: dict[str, set[str]] = {}
+    added: set[str] = set()
     for m in members:
         for r in m.refs:
             used.setdefault(r.from_, set()).add(r.dir)
+            if r.dir != "in" and not any(a.coeff(m.idxs[0].name) for a in r.access):
+                added.add(r.from_)      # a column member's result: every row adds into it
     refs = []
     for p in parent.refs:
         if p.into not in used:
@@ -169,7 +244,7 @@ def _fused(name: str, members: list[N.Block], parent: N.Block) -> N.Block:
         direction = "in" if dirs == {"in"} else ("out" if "in" not in dirs and
                                                  "inout" not in dirs else "inout")
         refs.append(N.Refinement(direction, p.into, p.into, tuple(N.Affine() for _ in p.access),
-                                 p.shape, "assign"))
+                                 p.shape, "add" if p.into in added else "assign"))
     inner = []
     for m in members:
         row = m.idxs[0]

@@ -150,11 +150,12 @@ def gathers(block: N.Block) -> bool:
                for s in block.stmts)
 
 
-def thread_loop(block: N.Block) -> str | None:
+def thread_loop(block: N.Block, combined: tuple[str, ...] = ()) -> str | None:
     """The index whose loop runs in threads: the outermost loop (in the block's order)
-    whose iterations write disjoint elements, proved with isl; None if there is none."""
+    whose iterations write disjoint elements but for the `combined` buffers, proved
+    with isl; None if there is none."""
     return next((i.name for i in block.idxs if i.affine is None and i.range > 1
-                 and polyhedra.writes_disjoint(block, i.name)), None)
+                 and polyhedra.writes_disjoint(block, i.name, combined)), None)
 
 
 def _scheduled(block: N.Block, leaf: N.BlockSchedule) -> N.Block:

@@ -85,10 +85,10 @@ def twice(float(N,N) X) -> (Y) {
     check_pass("fuse_blocked_by_transpose", before, after)
 
 
-def test_different_row_ranges_end_a_group() -> None:
-    """Row sums over i (5 rows), then column sums over i, whose row would be j: the row
-    sums fuse; the column sums keep their own nest (a column reduction: fused along j,
-    each row would read a strided column of X)."""
+def test_a_column_sum_over_the_rows_joins_the_row_loop() -> None:
+    """Row sums over i (5 rows), then column sums over i: the column sums join the row
+    loop with i as their row, adding into C from every row (aggregation add), and the
+    statement that clears C moves in front of the loop."""
     source = """
 def sums(float(M,N) X) -> (R, C) {
   t(i,j) = X(i,j) * X(i,j)
@@ -99,10 +99,40 @@ def sums(float(M,N) X) -> (R, C) {
     before = lowered(source, {"X": (5, 7)})
     after = fuse(before, GENERIC, {})
     blocks = top_blocks(after)
-    assert [(b.name, b.idxs[0].range) for b in blocks] == [("fused_0", 5), ("s2_init", 7),
-                                                            ("s2", 7)]
-    assert blocks[1:] == list(before.body.stmts[-2:])
-    check_pass("fuse_different_rows", before, after)
+    assert [(b.name, b.idxs[0].range) for b in blocks] == [("s2_init", 7), ("fused_1", 5)]
+    fused = blocks[1]
+    assert [m.name for m in fused.stmts if isinstance(m, N.Block)] == [
+        "s0", "s1_init", "s1", "s2"]
+    assert fused.ref("C").agg == "add" and fused.ref("R").agg == "assign"
+    check_pass("fuse_column_sum", before, after)
+
+
+def test_a_column_sum_larger_than_a_quarter_of_L1_keeps_its_own_loop_nest() -> None:
+    """Each thread would hold a private copy of the column sums: past a quarter of L1
+    (16 KiB here) they stay a separate nest."""
+    source = """
+def sums(float(M,N) X) -> (R, C) {
+  R(i) +=! X(i,j)
+  C(j) +=! X(i,j)
+}
+"""
+    before = lowered(source, {"X": (3, 5000)})
+    after = fuse(before, GENERIC, {})
+    assert [b.name for b in top_blocks(after)] == ["fused_0", "s1_init", "s1"]
+
+
+def test_a_statement_that_reads_column_sums_runs_after_the_row_loop() -> None:
+    """Column sums are complete only after every row: their reader does not join."""
+    source = """
+def sums(float(M,N) X) -> (R, C) {
+  R(i) +=! X(i,j)
+  C(j) +=! X(i,j)
+  D(i, j) = X(i, j) - C(j)
+}
+"""
+    before = lowered(source, {"X": (3, 5)})
+    after = fuse(before, GENERIC, {})
+    assert [b.name for b in top_blocks(after)] == ["s1_init", "fused_1", "s2"]
 
 
 MMRELU = """
