@@ -33,10 +33,14 @@ X86 = sorted(n for n, d in DESCRIPTIONS.items() if "c-x86" in d.definition.forms
 ARM = sorted(n for n, d in DESCRIPTIONS.items() if "c-arm64" in d.definition.forms)
 START = Affine.constant(0)
 ARM_CC, QEMU = shutil.which("aarch64-linux-gnu-gcc"), shutil.which("qemu-aarch64")
+# The cross compiler without its C library's headers (Debian: libc6-dev-arm64-cross, a
+# package it only recommends) cannot build a test program either.
+ARM_LIBC = Path("/usr/aarch64-linux-gnu/include/stdio.h").exists()
 needs_arm = pytest.mark.skipif(
-    ARM_CC is None or QEMU is None,
-    reason="no aarch64-linux-gnu-gcc or qemu-aarch64 (Debian: gcc-aarch64-linux-gnu, "
-           "qemu-user; .ci/run installs them): the Arm instructions are not checked")
+    ARM_CC is None or QEMU is None or not ARM_LIBC,
+    reason="no aarch64-linux-gnu-gcc with its C library, or no qemu-aarch64 (Debian: "
+           "gcc-aarch64-linux-gnu, libc6-dev-arm64-cross, qemu-user; .ci/run installs "
+           "them): the Arm instructions are not checked")
 
 
 def wrap32(x: np.ndarray) -> np.ndarray:
