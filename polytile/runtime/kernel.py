@@ -24,7 +24,7 @@ _FFI.cdef(f"int32_t {SYMBOL}(void **args, int64_t *err);")
 _newp = _cffi_backend.newp
 _from_buffer = _cffi_backend.from_buffer
 _CHARS = _FFI.typeof("char[]")
-_cast = _FFI.cast
+_cast = _cffi_backend.cast
 _VOIDP = _FFI.typeof("void *")
 _ERR = _FFI.typeof("int64_t[4]")
 
