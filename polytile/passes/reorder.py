@@ -57,7 +57,7 @@ def vector_loop_order(block: N.Block) -> tuple[str, ...]:
     memory order (largest stride outermost). The code generator keeps accumulators in
     registers across the innermost run of reduction loops; a reduction loop placed
     outside a parallel one aggregates into memory after each of its iterations instead
-    (batch norm's statistics: c inside n)."""
+    (batch norm's statistics: c inside n), which a register tile never does."""
     s = block.schedule
     assert s.vector is not None
     stores = [x for x in block.stmts if isinstance(x, N.Store)]
@@ -89,6 +89,13 @@ def vector_loop_order(block: N.Block) -> tuple[str, ...]:
     def stride(name: str) -> int:
         return sum(abs(a.coeff(name)) * d.stride for a, d in zip(big.access, big.shape.dims))
 
+    if s.unroll:
+        # A register tile (a multiply-accumulate reusing its loads) keeps its
+        # accumulators in registers: a reduction loop outside a parallel one would load
+        # and store the whole tile at every step of it.
+        return (tuple(sorted((n for n in loops if n in written), key=lambda n: -stride(n)))
+                + tuple(sorted((n for n in loops if n not in written),
+                               key=lambda n: -stride(n))))
     return tuple(sorted(loops, key=lambda n: -stride(n)))
 
 
