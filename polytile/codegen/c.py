@@ -336,8 +336,11 @@ class _Printer:
             ctype = "pt_vf"
         else:
             ctype = cexpr.scalar_type(st.type.dtype)
+        value = cexpr.strip(self.expr(st.value, st.type))
+        if isinstance(st, L.Let) and st.held and st.type.lanes > 1:
+            return [f"{ctype} {st.name} = {value};", f"PT_HOLD({st.name});"]
         const = "const " if isinstance(st, L.Let) else ""
-        return [f"{const}{ctype} {st.name} = {cexpr.strip(self.expr(st.value, st.type))};"]
+        return [f"{const}{ctype} {st.name} = {value};"]
 
     def typed(self, t: L.VType) -> bool:
         """Whether `t` is a vector outside the function's float32 vector type (`pt_vf`,

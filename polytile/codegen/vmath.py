@@ -66,6 +66,14 @@ static inline void pt_vstore_n(float *p, pt_vf v, int64_t n) {{
   for (int64_t l = 0; l < n; l++) p[l] = v[l];
 }}
 static inline pt_vf pt_vload(const float *p) {{ return *(const pt_vf_u *)p; }}
+/* A value kept in a vector register, not re-read from memory at each use. */
+#if defined(__x86_64__) || defined(__i386__)
+#define PT_HOLD(v) __asm__("" : "+v"(v))
+#elif defined(__aarch64__)
+#define PT_HOLD(v) __asm__("" : "+w"(v))
+#else
+#define PT_HOLD(v) ((void)0)
+#endif
 static inline void pt_vstore(float *p, pt_vf v) {{ *(pt_vf_u *)p = v; }}
 /* Horizontal reductions by halving: log2(lanes) shuffles instead of a serial chain. */
 #define PT_FOLD(v, op) do {{ {fold} }} while (0)

@@ -161,6 +161,10 @@ class Let:
     name: str
     type: VType
     value: Expr
+    # A loaded vector that several multiply-adds of a register tile read: kept in a
+    # register (C: an empty asm ties it to one; gcc would otherwise reload it as a
+    # memory operand of every FMA, which on AVX2 costs a fifth of a GEMM's time).
+    held: bool = False
 
 
 @dataclass(frozen=True)

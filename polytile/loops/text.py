@@ -80,7 +80,8 @@ def _stmts(stmts: tuple[L.Stmt, ...], depth: int) -> list[str]:
         if isinstance(st, L.Comment):
             out.append(f"{pad}# {st.text}")
         elif isinstance(st, L.Let):
-            out.append(f"{pad}{st.name}: {st.type} = {expr(st.value)}")
+            held = ", held" if st.held else ""
+            out.append(f"{pad}{st.name}: {st.type} = {expr(st.value)}{held}")
         elif isinstance(st, L.Var):
             out.append(f"{pad}var {st.name}: {st.type} = {expr(st.value)}")
         elif isinstance(st, L.Assign):

@@ -440,7 +440,11 @@ class _Emitter:
         if self.p.vector in self.deps[st.into]:
             var = self.low.fresh("v")
             count = None if n == self.p.lanes else _count(n)
-            out.append(L.Let(var, self.p.vtype, L.Read(view.ptr, address, self.p.lanes, count)))
+            # Reused across the register tile's unrolled values of the indices it does
+            # not depend on: held in a register.
+            held = any(r > 1 and u not in self.deps[st.into] for u, r in self.p.unroll.items())
+            out.append(L.Let(var, self.p.vtype, L.Read(view.ptr, address, self.p.lanes, count),
+                             held))
             return var, True
         return self.scalar(view.dtype, L.Read(view.ptr, address), out), False
 

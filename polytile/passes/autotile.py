@@ -184,7 +184,18 @@ def choose_schedule(block: N.Block, target: Target) -> Schedule:
                        key=lambda n: (-reuse[n], spread[n], n))[:2]
         budget = registers // vectors
         if len(picks) == 2:
-            unroll = _register_tile(picks, loops, vectors, registers)
+            # An unrolled index whose operand also runs along the vector index loads
+            # vectors that stay live through the tile's multiply-adds.
+            def loads(p: str) -> bool:
+                return any(any(a.coeff(p) for a in r.access)
+                           and any(a.coeff(vector) for a in r.access) for r in inputs)
+            # The broadcast index first: the lowering unrolls the first index outermost,
+            # so each broadcast feeds its multiply-adds and dies while the loaded vectors
+            # stay (the other order keeps every broadcast live at once).
+            picks.sort(key=loads)
+            loaded = [loads(p) for p in picks]
+            unroll = _register_tile(picks, loops, vectors, registers, loaded,
+                                    target.vector_registers)
         elif picks:
             unroll = [(picks[0], min(loops[picks[0]], budget, 12 if vectors == 2 else 8))]
     # An OpenMP region costs microseconds: not worth it for tiny kernels.
@@ -202,17 +213,26 @@ def choose_schedule(block: N.Block, target: Target) -> Schedule:
 
 
 def _register_tile(picks: list[str], loops: dict[str, int], vectors: int,
-                   registers: int) -> list[tuple[str, int]]:
+                   registers: int, loaded: list[bool], total: int) -> list[tuple[str, int]]:
     """Factors (f0, f1) of two unrolled indices: f0*f1*vectors accumulators within the
     registers, maximizing multiply-adds per load (f0 broadcasts and f1*vectors vector
     loads feed f0*f1*vectors FMAs) times the share of the tiles' lanes that do work
-    (a factor that does not divide its range leaves a partial tile)."""
+    (a factor that does not divide its range leaves a partial tile). The accumulators,
+    the second index's loaded vectors (`loaded`: per pick), held through a step, and
+    the first index's operand must fit the `total` registers: AVX2's 16 take 4x3
+    (12 + 3 + 1), not 3x4 (12 + 4 + 1, which spills or reloads every vector)."""
     def score(f0: int, f1: int) -> float:
         used = math.prod(loops[n] / (-(-loops[n] // f) * f) for n, f in zip(picks, (f0, f1)))
         return f0 * f1 * vectors / (f0 + f1 * vectors) * used
+
+    def live(f0: int, f1: int) -> int:
+        # The inner index's loaded vectors are held through the step; the outer
+        # index's operand (a broadcast, or a vector of a dot-product kernel) is one at a
+        # time.
+        return f0 * f1 * vectors + (f1 * vectors if loaded[1] else 1) + 1
     options = [(f0, f1) for f0 in range(1, min(loops[picks[0]], registers) + 1)
                for f1 in range(1, min(loops[picks[1]], registers) + 1)
-               if f0 * f1 * vectors <= registers]
+               if f0 * f1 * vectors <= registers and live(f0, f1) <= total] or [(1, 1)]
     f0, f1 = max(options, key=lambda f: (score(*f), f[0]))
     return [(picks[0], f0), (picks[1], f1)]
 
