@@ -174,9 +174,14 @@ def cmd_targets(args: argparse.Namespace) -> int:
         runs = (f"no (lacks {', '.join(missing)})" if missing
                 else "yes" + (f", with {', '.join(sorted(set(t.optional) & host))}"
                               if set(t.optional) & host else ""))
+        if not missing and t.backend == "cuda":     # NVRTC compiles; a device runs
+            from polytile.backends.cuda import target_arch
+            from polytile.runtime.cuda import device_problem
+            problem = device_problem(target_arch(t))
+            runs = f"compiles only ({problem})" if problem else runs
+        needs = {"opencl": "an OpenCL device", "cuda": "NVRTC; a GPU to run"}
         rows.append((t.name, t.backend, f"{t.vector_bytes * 8} bit",
-                     ",".join(t.requires) or ("an OpenCL device" if t.backend == "opencl"
-                                              else "-"),
+                     ",".join(t.requires) or needs.get(t.backend, "-"),
                      ",".join(t.optional) or "-", runs))
     _print_table(rows)
     return 0
