@@ -9,6 +9,7 @@ targets run the opencl target's passes with the same parameters, and
 the one tests/conformance/test_opencl.py executes on PoCL against the references."""
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +17,7 @@ import pytest
 from conformance.programs import CASES
 from conformance.test_conformance import as_tuple, assert_agrees
 from gpu.cubin import cubin_arch
+from passes.helpers import lowered as stripe
 
 import polytile as pt
 from polytile import cli
@@ -24,6 +26,8 @@ from polytile.backends.cuda import CUDAKernel, target_arch
 from polytile.compile import Compiler
 from polytile.config import Config, load_config
 from polytile.errors import ArgumentError, BuildError, UnsupportedError
+from polytile.passes.pipeline import run_pipeline
+from polytile.passes.tensorize import tensorize
 from polytile.runtime import cuda as runtime
 from polytile.sema.specialize import specialize
 from polytile.targets import target as T
@@ -175,3 +179,13 @@ def test_conformance_on_cuda(case) -> None:  # type: ignore[no-untyped-def]
     got = as_tuple(fn(*args, out={k: v.copy() for k, v in initial.items()} or None))
     for output, g, w in zip(fn.fn.outputs, got, want):
         assert_agrees(g, w, case.tolerance, f"{case.name}: output {output.name}")
+
+
+def test_tensor_cores_are_refused_until_they_are_built() -> None:
+    """A cuda target whose passes ask for tensorize gets a clear NotImplementedError."""
+    cuda = dataclasses.replace(T.load_target("cuda-sm90"),
+                               passes=(("tensorize", ()),) + T.load_target("cuda-sm90").passes)
+    fn = stripe(TMM, {"A": (16, 16), "B": (16, 16)})
+    with pytest.raises(NotImplementedError, match="mma.sync / wmma.*not built yet"):
+        run_pipeline(fn, cuda, {})
+    assert tensorize(fn, cuda, {"enabled": False}) is fn
