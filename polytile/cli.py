@@ -328,11 +328,11 @@ def main(argv: list[str] | None = None) -> int:
     check.add_argument("--sizes", type=_sizes, default=None,
                        help="concrete sizes, e.g. M=128,K=64 (integer scalars too)")
     check.set_defaults(run=cmd_check)
-    show = sub.add_parser("show", help="print one stage: ast, program, ir, or a backend's (loops, c, opencl)")
+    show = sub.add_parser("show", help="print one stage: ast, program, ir, or a backend's (loops, c, opencl, cuda)")
     show.add_argument("file", help="TC source file, or - for standard input")
     show.add_argument("--stage", default="program",
                       help="ast, program, ir, or a stage of a backend (loops, c; opencl for "
-                           "--target opencl)")
+                           "--target opencl, cuda for --target cuda-sm80 or cuda-sm90)")
     show.add_argument("--sizes", type=_sizes, default=None, help="e.g. M=128,K=64")
     show.add_argument("--function", default=None, help="only this function")
     show.add_argument("--target", default=None,

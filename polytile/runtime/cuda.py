@@ -29,7 +29,7 @@ _QUOTED = 5
 
 
 def _nvrtc() -> Any:
-    from cuda.bindings import nvrtc
+    from cuda.bindings import nvrtc  # type: ignore[import-untyped]
     return nvrtc
 
 
@@ -153,7 +153,7 @@ _LOCK = threading.Lock()
 @lru_cache(maxsize=1)
 def _find_device() -> Device | str:
     try:
-        from cuda.bindings import driver
+        from cuda.bindings import driver  # type: ignore[import-untyped]
     except ImportError as e:
         return f"no CUDA device (cuda-bindings: {e}; pip install 'polytile[gpu]')"
     try:
