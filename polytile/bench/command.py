@@ -59,9 +59,14 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _target_fact(name: str) -> str:
-    """The target a --target run compiles for; an OpenCL one names its device."""
+    """The target a --target run compiles for; an OpenCL or CUDA one names its device (a
+    cuda target without a device is refused here, before any workload runs)."""
     from polytile.targets.target import select_target
     target = select_target(name)
+    if target.backend == "cuda":
+        from polytile.runtime.cuda import cuda_device
+        device = cuda_device()
+        return f"{name} on {device.name} (compute capability {device.capability})"
     if target.backend != "opencl":
         return target.identity
     from polytile.runtime.opencl import opencl_device
