@@ -42,9 +42,11 @@ def run(args: argparse.Namespace) -> int:
         return _rerun_without(present, args)
     command = command_text(args)
     date = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
+    # The target first: a target this host cannot run is refused before the peaks are measured.
+    target = _target_fact(args.target) if getattr(args, "target", None) else None
     facts = machine_facts()
-    if getattr(args, "target", None):
-        facts["polytile target"] = _target_fact(args.target)
+    if target is not None:
+        facts["polytile target"] = target
     print(f"polytile bench  ({date})")
     for key, value in facts.items():
         print(f"  {key}: {value}")

@@ -189,3 +189,16 @@ def test_tensor_cores_are_refused_until_they_are_built() -> None:
     with pytest.raises(NotImplementedError, match="mma.sync / wmma.*not built yet"):
         run_pipeline(fn, cuda, {})
     assert tensorize(fn, cuda, {"enabled": False}) is fn
+
+
+@pytest.mark.skipif(DEVICE is None, reason="this host has a CUDA device")
+@pytest.mark.parametrize("command", [["bench", "--quick", "--only", "tmm"],
+                                     ["tune", "TMM", "--sizes", "M=8,K=8,N=8", "--budget", "5s"]])
+def test_bench_and_tune_refuse_a_cuda_target_without_a_device(
+        command: list[str], tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """They would time nothing: refused before any work, saying why."""
+    source = tmp_path / "tmm.tc"
+    source.write_text(TMM)
+    argv = [str(source) if word == "TMM" else word for word in command]
+    assert cli.main([*argv, "--target", "cuda-sm90"]) != 0
+    assert "cannot run a CUDA kernel: no CUDA device" in capsys.readouterr().err
