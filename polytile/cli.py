@@ -174,9 +174,14 @@ def cmd_targets(args: argparse.Namespace) -> int:
         runs = (f"no (lacks {', '.join(missing)})" if missing
                 else "yes" + (f", with {', '.join(sorted(set(t.optional) & host))}"
                               if set(t.optional) & host else ""))
+        if not missing and t.backend == "cuda":     # NVRTC compiles; a device runs
+            from polytile.backends.cuda import target_arch
+            from polytile.runtime.cuda import device_problem
+            problem = device_problem(target_arch(t))
+            runs = f"compiles only ({problem})" if problem else runs
+        needs = {"opencl": "an OpenCL device", "cuda": "NVRTC; a GPU to run"}
         rows.append((t.name, t.backend, f"{t.vector_bytes * 8} bit",
-                     ",".join(t.requires) or ("an OpenCL device" if t.backend == "opencl"
-                                              else "-"),
+                     ",".join(t.requires) or needs.get(t.backend, "-"),
                      ",".join(t.optional) or "-", runs))
     _print_table(rows)
     return 0
@@ -323,11 +328,11 @@ def main(argv: list[str] | None = None) -> int:
     check.add_argument("--sizes", type=_sizes, default=None,
                        help="concrete sizes, e.g. M=128,K=64 (integer scalars too)")
     check.set_defaults(run=cmd_check)
-    show = sub.add_parser("show", help="print one stage: ast, program, ir, or a backend's (loops, c, opencl)")
+    show = sub.add_parser("show", help="print one stage: ast, program, ir, or a backend's (loops, c, opencl, cuda)")
     show.add_argument("file", help="TC source file, or - for standard input")
     show.add_argument("--stage", default="program",
                       help="ast, program, ir, or a stage of a backend (loops, c; opencl for "
-                           "--target opencl)")
+                           "--target opencl, cuda for --target cuda-sm80 or cuda-sm90)")
     show.add_argument("--sizes", type=_sizes, default=None, help="e.g. M=128,K=64")
     show.add_argument("--function", default=None, help="only this function")
     show.add_argument("--target", default=None,

@@ -42,9 +42,11 @@ def run(args: argparse.Namespace) -> int:
         return _rerun_without(present, args)
     command = command_text(args)
     date = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
+    # The target first: a target this host cannot run is refused before the peaks are measured.
+    target = _target_fact(args.target) if getattr(args, "target", None) else None
     facts = machine_facts()
-    if getattr(args, "target", None):
-        facts["polytile target"] = _target_fact(args.target)
+    if target is not None:
+        facts["polytile target"] = target
     print(f"polytile bench  ({date})")
     for key, value in facts.items():
         print(f"  {key}: {value}")
@@ -59,9 +61,14 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _target_fact(name: str) -> str:
-    """The target a --target run compiles for; an OpenCL one names its device."""
+    """The target a --target run compiles for; an OpenCL or CUDA one names its device (a
+    cuda target without a device is refused here, before any workload runs)."""
     from polytile.targets.target import select_target
     target = select_target(name)
+    if target.backend == "cuda":
+        from polytile.runtime.cuda import cuda_device
+        device = cuda_device()
+        return f"{name} on {device.name} (compute capability {device.capability})"
     if target.backend != "opencl":
         return target.identity
     from polytile.runtime.opencl import opencl_device

@@ -15,18 +15,14 @@ with address spaces), over a header that maps C's names onto OpenCL's (`int64_t`
 `long`, `expf` is the overloaded `exp`, ...). A failed check records the first failure
 (an atomic flag) and ends the work-item; later launches see the flag and do nothing.
 Nested local buffers are private arrays of each work-item. Vector code (the CPU
-micro-kernels) is not printed: pass `gpu` does not make any.
+micro-kernels) is not printed: pass `gpu` does not make any. The printer is the one the
+CUDA backend uses too (polytile.codegen.gpu_c); this module gives OpenCL's spellings.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from polytile.codegen import cexpr, cprelude
-from polytile.codegen.c import _comment, _indent, _Printer, _Target
 from polytile.codegen.cabi import ERR_INDEX
-from polytile.errors import UnsupportedError
+from polytile.codegen.gpu_c import Dialect, GPUSource, print_gpu
 from polytile.loops import nodes as L
-from polytile.loops.launch import Launch, launches
 
 _MATH = ("exp", "log", "tanh", "erf", "sqrt", "floor", "ceil", "trunc", "round", "exp2",
          "expm1", "log2", "log10", "log1p", "cbrt", "sin", "cos", "tan", "asin", "acos",
@@ -69,124 +65,17 @@ HEADER = "\n".join([
 ])
 
 
-@dataclass(frozen=True)
-class OpenCLSource:
-    text: str
-    launches: tuple[Launch, ...]
+OPENCL = Dialect(
+    name="OpenCL", language="OpenCL C", header=HEADER, kernel="__kernel void",
+    address="__global ", restrict="restrict", int64="long",
+    group_id="get_group_id({dim})", local_id="get_local_id({dim})", shared="__local",
+    barrier=(("shared", "barrier(CLK_LOCAL_MEM_FENCE);"),
+             ("global", "barrier(CLK_GLOBAL_MEM_FENCE);")),
+    units=("work-groups", "work-items"))
+
+OpenCLSource = GPUSource     # the printed program and its launches
 
 
-class _KernelPrinter(_Printer):
-    """The C printer with GPU loops, OpenCL failure handling and no vector code."""
-
-    def __init__(self, kernel: L.Kernel, launch: Launch, needs: cexpr.Needs):
-        super().__init__(kernel)
-        self.launch = launch
-        self.needs = needs
-        self.buffers.update({b.name: b for b in kernel.locals})
-
-    def fail(self, target: _Target, code: str, param: int, dim: int, value: str) -> list[str]:
-        return [f"pt_fail(pt_flag, pt_err, {code}, {param}, {dim}, {value});", "return;"]
-
-    def use_vector(self, t: L.VType) -> None:
-        raise UnsupportedError(f"the OpenCL backend prints no vector code ({t})",
-                               hint="the opencl target's passes make none")
-
-    def typed(self, t: L.VType) -> bool:
-        if t.lanes > 1:
-            self.use_vector(t)
-        return False
-
-    def locals(self, buffers: tuple[L.Buffer, ...], fail: _Target, top_level: bool = False
-               ) -> tuple[list[str], list[str]]:
-        """A work-item's private arrays (the lowering placed every nested local on the
-        stack); filled as the C printer fills them. Shared buffers are the work-group's
-        `__local` arrays, declared at the kernel's top (OpenCL allows them nowhere else)."""
-        lines = []
-        for b in buffers:
-            self.buffers[b.name] = b
-            if b.space == "shared":
-                continue
-            if b.placement != "stack":
-                raise UnsupportedError(f"local buffer {b.name} ({b.placement}, {b.space}) has "
-                                       "no OpenCL form yet")
-            self.buffers[b.name] = b
-            init = " = {0}" if b.init == "zero" else ""
-            lines.append(f"{b.dtype.c_name} {b.name}[{b.size}]{init};  /* {_comment(b.label)} */")
-            if b.init == "nan":
-                lines.append(f"for (long pt_j = 0; pt_j < {b.size}; pt_j++) "
-                             f"{b.name}[pt_j] = {cexpr.nan_storage(b.dtype)};")
-        return lines, []
-
-    def stmt(self, st: L.Stmt, fail: _Target) -> list[str]:
-        if isinstance(st, L.Barrier):
-            fence = "CLK_LOCAL_MEM_FENCE" if st.space == "shared" else "CLK_GLOBAL_MEM_FENCE"
-            return [f"barrier({fence});"]
-        return super().stmt(st, fail)
-
-    def loop(self, st: L.Loop, fail: _Target) -> list[str]:
-        if st.kind == "parallel":
-            st = L.Loop(st.var, st.lo, st.hi, st.body, "serial", st.step, st.simd)
-        if st.kind not in ("grid", "thread"):
-            return super().loop(L.Loop(st.var, st.lo, st.hi, st.body, st.kind, st.step), fail)
-        where = self.launch.dimension(st.var)
-        if where is None:
-            raise UnsupportedError(f"{st.kind} loop {st.var} is not part of launch "
-                                   f"{self.launch.name}")
-        kind, dim = where
-        ident = "get_group_id" if kind == "grid" else "get_local_id"
-        step = "" if st.step == 1 else f" * {st.step}"
-        head = f"const long {st.var} = {self.iexpr(st.lo)} + (long){ident}({dim}){step};"
-        body = self.stmts(st.body, fail)
-        return ["{", *_indent([head, f"if ({st.var} < {self.iexpr(st.hi)}) {{",
-                               *_indent(body), "}"]), "}"]
-
-    def write_launch(self) -> str:
-        k = self.kernel
-        args = []
-        for b in (*k.params, *k.locals):
-            const = "const " if not b.writable else ""
-            args.append(f"__global {const}{b.dtype.c_name} *restrict {b.name}")
-        args += ["__global int *pt_flag", "__global long *pt_err"]
-        body = self.stmts(self.launch.body, _Target("pt_unused"))
-        size = " x ".join(map(str, self.launch.groups))
-        threads = " x ".join(map(str, self.launch.threads))
-        head = (f"/* {self.launch.name}: {size} work-groups of {threads} work-items */\n"
-                f"__kernel void {self.launch.name}(" + ",\n    ".join(args) + ")\n{\n")
-        shared = [f"__local {b.dtype.c_name} {b.name}[{max(1, b.size)}];  /* {_comment(b.label)} */"
-                  for b in _shared(self.launch.body)]
-        lines = [*shared, "if (*pt_flag != 0)", "    return;  /* an earlier launch failed */",
-                 *body]
-        return head + "\n".join(_indent(lines)) + "\n}\n"
-
-
-def _shared(stmts: tuple[L.Stmt, ...]) -> list[L.Buffer]:
-    """The shared (work-group) buffers allocated anywhere in `stmts`."""
-    found: list[L.Buffer] = []
-    for st in stmts:
-        if isinstance(st, L.Alloc):
-            found += [b for b in st.buffers if b.space == "shared"]
-        for body in _bodies(st):
-            found += _shared(body)
-    return found
-
-
-def _bodies(st: L.Stmt) -> list[tuple[L.Stmt, ...]]:
-    if isinstance(st, (L.Loop, L.Alloc)):
-        return [st.body]
-    if isinstance(st, L.If):
-        return [st.then, st.else_]
-    if isinstance(st, L.Switch):
-        return [body for _, body in st.cases]
-    return []
-
-
-def print_opencl(kernel: L.Kernel) -> OpenCLSource:
+def print_opencl(kernel: L.Kernel) -> GPUSource:
     """The OpenCL C program of `kernel` and the launches that run it."""
-    needs = cexpr.Needs()
-    plan = launches(kernel)
-    texts = [_KernelPrinter(kernel, launch, needs).write_launch() for launch in plan]
-    helpers = cprelude.helpers(needs.names - {"fail", "pool"}, needs.int_types)
-    head = (f"/* Generated by polytile from function {kernel.name}; do not edit.\n"
-            f" * OpenCL C: {len(plan)} kernel(s), run in order. */\n")
-    return OpenCLSource(head + HEADER + (helpers + "\n" if helpers else "") + "\n"
-                        + "\n".join(texts), plan)
+    return print_gpu(kernel, OPENCL)

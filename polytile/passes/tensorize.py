@@ -26,6 +26,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from polytile.errors import UnsupportedError
 from polytile.ir import nodes as N
 from polytile.ir import polyhedra
 from polytile.isa import Description, descriptions
@@ -39,6 +40,11 @@ from polytile.targets.target import Target
 def tensorize(fn: N.Function, target: Target, params: dict[str, Any]) -> N.Function:
     if not params.get("enabled", True):
         return fn
+    if target.backend == "cuda":
+        raise UnsupportedError(f"tensorize on target {target.name}: Tensor Core instructions "
+                               "(mma.sync / wmma, fp16/bf16 -> fp32) are not built yet; the "
+                               "cuda targets run contractions on CUDA cores",
+                               hint="remove the tensorize pass from the cuda target's passes")
     usable = sorted((d for d in descriptions() if target.has(d.feature)
                      and "c-x86" in d.definition.forms and lane_dot(d)),
                     key=lambda d: (-d.definition.inputs[0].lanes, d.name))   # widest first

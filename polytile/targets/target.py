@@ -70,7 +70,8 @@ def load_target(name: str) -> Target:
         text = resources.files("polytile.targets").joinpath(f"{name}.json").read_text()
     except FileNotFoundError:
         raise ArgumentError(f"unknown target {name!r}",
-                            hint=f"shipped targets: {', '.join(PREFERENCE + ('opencl',))}"
+                            hint="shipped targets: " + ", ".join(
+                                PREFERENCE + ("opencl", "cuda-sm80", "cuda-sm90"))
                             ) from None
     data = json.loads(text)
     passes = tuple((p["pass"], _freeze({k: v for k, v in p.items() if k != "pass"}))
@@ -133,13 +134,22 @@ def supports(target: Target, features: frozenset[str]) -> bool:
     return not missing_features(target, features)
 
 
+GPU_BACKENDS = ("opencl", "cuda")      # what the `gpu` extra installs
+
+
 def missing_features(target: Target, features: frozenset[str]) -> list[str]:
     """What a machine with `features` lacks to run `target` (an empty list: it runs it).
     An OpenCL target needs a working OpenCL device (pyopencl and a driver such as PoCL)
-    instead of CPU flags; what is missing is said in words."""
+    instead of CPU flags; what is missing is said in words. A CUDA target needs NVRTC
+    only: its kernels compile anywhere, and running one without a device is refused when
+    it is loaded (polytile.backends.cuda)."""
     if target.backend == "opencl":
         from polytile.runtime.opencl import device_problem
         problem = device_problem()
+        return [problem] if problem else []
+    if target.backend == "cuda":
+        from polytile.runtime.cuda import nvrtc_problem
+        problem = nvrtc_problem()
         return [problem] if problem else []
     if target.requires and platform.machine().lower() not in ("x86_64", "amd64"):
         return ["x86-64"]
@@ -179,7 +189,7 @@ def select_target(requested: str | None = None,
         if missing:
             raise ArgumentError(f"target {name} needs {', '.join(missing)}, which this machine "
                                 "lacks", hint=("install the gpu extra: pip install "
-                                               "'polytile[gpu]'" if target.backend == "opencl"
+                                               "'polytile[gpu]'" if target.backend in GPU_BACKENDS
                                                else "use cpu-generic") + " or unset "
                                 "POLYTILE_TARGET; `polytile show --target` prints its code on "
                                 "any host")

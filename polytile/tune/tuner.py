@@ -163,6 +163,11 @@ def tune_spec(compiler: Compiler, spec: Specialized, inputs: dict[str, np.ndarra
     if config.disable_disk_cache:
         raise ArgumentError("tuning needs the disk cache (candidates are built by worker "
                             "processes)", hint="unset POLYTILE_NO_DISK_CACHE")
+    if compiler.target.backend == "cuda":
+        # A cuda target compiles on any host (select_target allows it) but times nothing
+        # without a device: refuse now rather than reject every candidate.
+        from polytile.runtime.cuda import cuda_device
+        cuda_device()
     db = TuningDatabase.of(config)
     lowered = lower(canonical(spec))
     key = compiler.tuning_key(spec, lowered)

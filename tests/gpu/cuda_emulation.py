@@ -1,0 +1,189 @@
+"""Runs the CUDA C++ polytile prints on the CPU, through the real launcher (CUDAKernel),
+with the CUDA driver API replaced by an emulation: the test of CUDA semantics this
+project can make without a GPU.
+
+The printed source is compiled by g++ as it is, after a small header that gives CUDA's
+names a CPU meaning:
+
+    __shared__ float l0[272];   static: one array shared by the threads of the block
+    __syncthreads();            an OpenMP barrier of the block's team
+    threadIdx.x / blockIdx.y    a thread's (thread_local) and the block's coordinates
+    atomicCAS, __int_as_float   GCC's __sync compare-and-swap, a bit copy
+
+Blocks run one after another; the threads of a block are an OpenMP team of exactly
+that many threads, so every barrier waits for all of them, as on a GPU (a kernel whose
+barriers some threads skip hangs here: it is wrong on a GPU too). Each launch gets an
+`emu_<name>(grid, block, void **params)` entry that reads its arguments the way
+cuLaunchKernel passes them (params[i] is the address of argument i).
+
+`EmulatedDriver` implements the driver calls CUDAKernel makes over host memory:
+cuMemAlloc hands out addresses of NumPy buffers, copies are memmoves, cuModuleLoadData
+takes the path of the shared object built here instead of a CUBIN, and cuLaunchKernel
+calls the launch's entry.
+"""
+from __future__ import annotations
+
+import ctypes
+import enum
+import re
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from polytile.runtime.cuda import Device
+
+HEADER = r"""
+#include <cmath>
+#include <cstring>
+#include <omp.h>
+#undef NAN
+#undef INFINITY
+#undef INT64_C
+#undef UINT64_C
+#undef INT64_MIN
+#undef INT32_MIN
+/* the printed header defines the fixed-width types as NVRTC has none; here the system
+   has its own, so the printed ones get names of their own */
+#define int8_t pt_emu_int8
+#define int16_t pt_emu_int16
+#define int32_t pt_emu_int32
+#define int64_t pt_emu_int64
+#define uint8_t pt_emu_uint8
+#define uint16_t pt_emu_uint16
+#define uint32_t pt_emu_uint32
+#define uint64_t pt_emu_uint64
+struct pt_emu_dim3 { long long x, y, z; };
+static pt_emu_dim3 blockIdx;
+static thread_local pt_emu_dim3 threadIdx;
+#define __global__
+#define __device__
+#define __shared__ static
+#define __syncthreads() _Pragma("omp barrier")
+static inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
+static inline int atomicCAS(int *p, int expected, int value)
+{
+    return __sync_val_compare_and_swap(p, expected, value);
+}
+"""
+
+
+_KERNEL = re.compile(r'extern "C" __global__ void (\w+)\((.*?)\)\n\{', re.DOTALL)
+
+
+def kernels(source: str) -> list[tuple[str, list[str]]]:
+    """(name, argument types) of each kernel the source defines, read from its text."""
+    found = []
+    for name, params in _KERNEL.findall(source):
+        types = [re.sub(r"\s*\w+$", "", p.strip()).replace("__restrict__", "").strip()
+                 for p in params.split(",")]
+        found.append((name, types))
+    return found
+
+
+def entry(name: str, types: list[str]) -> str:
+    """The emulated launch of kernel `name`: its grid's blocks in turn, each a team."""
+    args = ", ".join(f"*({t} const *)params[{i}]" for i, t in enumerate(types))
+    return f"""
+extern "C" void emu_{name}(long long gx, long long gy, long long gz, long long bx,
+                          long long by, long long bz, void **params)
+{{
+    omp_set_dynamic(0);
+    for (long long z = 0; z < gz; z++)
+        for (long long y = 0; y < gy; y++)
+            for (long long x = 0; x < gx; x++) {{
+                blockIdx = pt_emu_dim3{{x, y, z}};
+                #pragma omp parallel num_threads(bx * by * bz)
+                {{
+                    long long t = omp_get_thread_num();
+                    threadIdx = pt_emu_dim3{{t % bx, t / bx % by, t / (bx * by)}};
+                    {name}({args});
+                }}
+            }}
+}}
+"""
+
+
+def build(source: str, out: Path) -> Path:
+    """The printed CUDA source with the emulation header and the launch entries, as a
+    shared object."""
+    text = HEADER + source + "".join(entry(name, types) for name, types in kernels(source))
+    cpp = out.with_suffix(".cpp")
+    cpp.write_text(text)
+    done = subprocess.run(["g++", "-std=c++17", "-O1", "-fopenmp", "-shared", "-fPIC",
+                           "-w", "-o", str(out), str(cpp)], capture_output=True, text=True,
+                          check=False)
+    if done.returncode:
+        raise AssertionError(f"g++ refused the printed CUDA:\n{done.stderr[-3000:]}")
+    return out
+
+
+class CUresult(enum.Enum):
+    CUDA_SUCCESS = 0
+    CUDA_ERROR_NO_BINARY_FOR_GPU = 209
+
+
+_OK = (CUresult.CUDA_SUCCESS,)
+_LONG = ctypes.c_longlong
+
+
+class EmulatedDriver:
+    """The driver calls CUDAKernel makes, over host memory (see the module docstring)."""
+
+    CUresult = CUresult
+
+    def __init__(self, cache_dir: Path, work_dir: Path) -> None:
+        self.cache_dir = cache_dir          # where the kernel cache keeps CUBINs and sources
+        self.work_dir = work_dir
+        self.memory: dict[int, np.ndarray] = {}
+        self.launched: list[tuple[str, tuple[int, ...], tuple[int, ...]]] = []
+
+    def cuCtxSetCurrent(self, context: Any) -> tuple:
+        return _OK
+
+    def cuModuleLoadData(self, image: bytes) -> tuple:
+        """The CUBIN's source, from its cache entry, built for the CPU."""
+        for binary in sorted(self.cache_dir.glob("kernels/*/kernel-*.bin")):
+            if binary.read_bytes() == image:
+                source = (binary.parent / "kernel.cu").read_text()
+                out = self.work_dir / f"{binary.parent.name}.so"
+                return (CUresult.CUDA_SUCCESS, ctypes.CDLL(str(build(source, out))))
+        raise AssertionError("a CUBIN that is in no cache entry")
+
+    def cuModuleGetFunction(self, module: Any, name: bytes) -> tuple:
+        function = getattr(module, f"emu_{name.decode()}")
+        function.argtypes = [_LONG] * 6 + [ctypes.c_void_p]
+        return (CUresult.CUDA_SUCCESS, (name.decode(), function))
+
+    def cuMemAlloc(self, nbytes: int) -> tuple:
+        block = np.full(nbytes, 0xA5, np.uint8)       # not zeroed, like device memory
+        self.memory[block.ctypes.data] = block
+        return (CUresult.CUDA_SUCCESS, block.ctypes.data)
+
+    def cuMemFree(self, pointer: int) -> tuple:
+        del self.memory[int(pointer)]
+        return _OK
+
+    def cuMemcpyHtoD(self, device: int, host: int, nbytes: int) -> tuple:
+        ctypes.memmove(int(device), host, nbytes)
+        return _OK
+
+    def cuMemcpyDtoH(self, host: int, device: int, nbytes: int) -> tuple:
+        ctypes.memmove(host, int(device), nbytes)
+        return _OK
+
+    def cuLaunchKernel(self, function: Any, gx: int, gy: int, gz: int, bx: int, by: int,
+                       bz: int, shared: int, stream: int, params: int, extra: int) -> tuple:
+        name, call = function
+        self.launched.append((name, (gx, gy, gz), (bx, by, bz)))
+        call(gx, gy, gz, bx, by, bz, ctypes.c_void_p(params))
+        return _OK
+
+    def cuCtxSynchronize(self) -> tuple:
+        return _OK
+
+
+def emulated_device(cache_dir: Path, work_dir: Path) -> Device:
+    return Device(EmulatedDriver(cache_dir, work_dir), 0, None, "CPU emulation", (9, 0),
+                  (2**31 - 1, 65535, 65535))
