@@ -8,8 +8,10 @@ For every leaf kernel block:
    micro-kernels (matmul, elementwise); a reduction one gives dot-product
    kernels with a horizontal sum (tmm, row reductions).
 2. register tile: up to two other parallel indices that some input does not
-   depend on (its loads are reused across the unrolled copies), with as many
-   accumulators as the target's vector registers allow.
+   depend on (its loads are reused across the unrolled copies; of equal reuse, the
+   one whose rows lie closest in memory), the broadcast one first, with as many
+   accumulators as fit beside the vectors held through a step and one broadcast
+   (12 + 3 + 1 of AVX2's 16 registers, 24 + 6 + 1 of AVX-512's 32).
 3. cache tile: sizes of the parallel indices and of the largest reduction index
    that minimize cache lines touched per multiply-accumulate while the tile's
    footprint fits half of L2 and the outer loop keeps every core busy
