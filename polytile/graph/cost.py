@@ -2,12 +2,14 @@
 
     model = load_cost_model(config, target)       # measured on this host, else DEFAULT
     model.memory_seconds(1 << 20)                 # M(V): moving 1 MiB
-    score = model_score(graph, pattern, model)    # f(P) = M(V) + (N - 1) * phi
+    score = model_score(graph, pattern, model)    # f(P) = M'(V) + (N - 1) * phi
 
 M(V) is the time to stream V bytes (read and write, consecutive), interpolated in
 log-log space between measured points and extrapolated at the last point's bandwidth;
 phi is what one more kernel costs (on the CPU: one more OpenMP region and loop nest,
-with its fork and join). V is what the pattern saves: the reads of values produced
+with its fork and join). The score uses M'(V) = M(V) minus M's fixed part (its line
+through the first two points at V = 0), since phi already counts what a kernel costs
+by itself; with M's fixed part, splitting a pattern in two would gain it twice. V is what the pattern saves: the reads of values produced
 inside it, the writes of temporaries used only inside it, and the second and later
 reads of an input its members share.
 
@@ -50,6 +52,26 @@ class CostModel:
         (x0, t0), (x1, t1) = self.points[k - 1], self.points[k]
         w = (math.log(v) - math.log(x0)) / (math.log(x1) - math.log(x0))
         return math.exp(math.log(t0) + w * (math.log(t1) - math.log(t0)))
+
+    @property
+    def intercept(self) -> float:
+        """M's fixed part: the first two points' line at V = 0 (a kernel's own cost,
+        which phi counts)."""
+        if len(self.points) < 2:
+            return 0.0
+        (x0, t0), (x1, t1) = self.points[0], self.points[1]
+        return max(0.0, t0 - x0 * (t1 - t0) / (x1 - x0))
+
+    def transfer_seconds(self, v: float) -> float:
+        """M(V) without its fixed part: what moving V more bytes costs. (M itself would
+        pay the fixed part once per pattern, so two small patterns would outscore the
+        one that contains both.)"""
+        if v <= 0:
+            return 0.0
+        x0, t0 = self.points[0]
+        if v < x0:
+            return (t0 - self.intercept) * v / x0
+        return max(0.0, self.memory_seconds(v) - self.intercept)
 
     def to_json(self) -> dict[str, object]:
         return {"points": [list(p) for p in self.points], "phi": self.phi,
@@ -115,7 +137,8 @@ def saved_bytes(graph: OpGraph, pattern: Pattern) -> int:
 
 def model_score(graph: OpGraph, pattern: Pattern, model: CostModel) -> float:
     """Seconds a kernel of the pattern saves over its ops run one kernel each."""
-    return model.memory_seconds(saved_bytes(graph, pattern)) + (len(pattern.ops) - 1) * model.phi
+    saved = model.transfer_seconds(saved_bytes(graph, pattern))
+    return saved + (len(pattern.ops) - 1) * model.phi
 
 
 def complex_pattern(graph: OpGraph, pattern: Pattern) -> bool:
@@ -133,7 +156,7 @@ PHI_KERNELS = 8
 
 
 def probe_cost_model(config: Config, target: Target, quick: bool = False) -> CostModel:
-    """Measure M(V) with a compiled copy kernel at sizes from 8 KiB to 64 MiB moved, and
+    """Measure M(V) with a compiled copy kernel at sizes from 8 KiB to 32 MiB moved, and
     phi as the time one more kernel adds: 8 tiny independent statements run as 8
     kernels and as one, (t8 - t1) / 7."""
     import numpy as np
@@ -158,11 +181,15 @@ def probe_cost_model(config: Config, target: Target, quick: bool = False) -> Cos
         fn.run({"X": x}, {}, {"Y": y})
         calls[str(v)] = (lambda fn=fn, x=x, y=y: fn.run({"X": x}, {}, {"Y": y}))
     timed = time_blocks(calls, options)
-    points = tuple((v, timed[str(v)].median) for v in sizes)
+    # The 10th percentile: the model is of the machine, not of whatever else shares the
+    # cores; and moving more bytes never takes less time.
+    points: list[tuple[int, float]] = []
+    for v in sizes:
+        points.append((v, max(timed[str(v)].p10, points[-1][1] if points else 0.0)))
     phi = _probe_phi(config, target, options)
     host = target.identity
     date = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
-    return CostModel(points, phi, f"measured on {host} at {date}")
+    return CostModel(tuple(points), phi, f"measured on {host} at {date}")
 
 
 def _probe_phi(config: Config, target: Target, options: object) -> float:
@@ -187,4 +214,4 @@ def _probe_phi(config: Config, target: Target, options: object) -> float:
     timed = time_blocks({"apart": lambda: apart.run({"X": x}, {}, ys),
                          "joined": lambda: joined.run({"X": x}, {}, ys)},
                         options)  # type: ignore[arg-type]
-    return max(0.0, (timed["apart"].median - timed["joined"].median) / (PHI_KERNELS - 1))
+    return max(0.0, (timed["apart"].p10 - timed["joined"].p10) / (PHI_KERNELS - 1))

@@ -40,6 +40,7 @@ class Op:
     reduced: int                     # iterations of its reduction indices (1: none)
     read_bytes: tuple[int, ...]      # per tensor of `reads`
     write_bytes: int
+    batched: bool = False            # a contraction with an index every operand shares
 
     @property
     def bytes(self) -> int:
@@ -124,8 +125,12 @@ def _op(k: int, st: P.Statement, spec: Specialized) -> Op:
     shape = tuple(extents[i] for i in st.indices)
     written = math.prod(shape) if not st.scatter else math.prod(spec.shape(st.tensor))
     reduced = math.prod(extents[i] for i in st.reduction_indices)
-    return Op(k, _kind(st, spec), _text(st), st.tensor, tuple(reads), shape, reduced,
-              tuple(reads.values()), written * width)
+    kind = _kind(st, spec)
+    batched = kind == "contraction" and any(
+        all(any(i in T.index_names(x) for x in r.indices) for r in T.reads(st.rhs))
+        for i in st.indices)
+    return Op(k, kind, _text(st), st.tensor, tuple(reads), shape, reduced,
+              tuple(reads.values()), written * width, batched)
 
 
 def _width(t: P.Tensor) -> int:

@@ -16,6 +16,9 @@ Three generators, each a set of rules from the paper:
   (`LARGE_BYTES`). The exploration gives up after `EXPLORE_LIMIT` patterns per seed.
 * kernel packing: ops with no path between them and the same row extent, packed into
   one kernel (no data flows; shared inputs are read once).
+* intervals: every run of consecutive statements (at most `MAX_INTERVAL` long) without a
+  gather, scatter or large GEMM. These are the groups pass fuse's own heuristic ("rows") can form,
+  so the plan can always choose what fusion without a plan would do.
 
 Every pattern here is only a candidate: the cost model (polytile.graph.cost) scores it,
 and a pattern the code generator cannot build gets no score.
@@ -28,10 +31,14 @@ from polytile.graph.ops import Op, OpGraph
 
 FUSIBLE = ("elementwise", "row-reduction", "column-reduction", "scalar-reduction",
            "contraction")
-LARGE_GEMM_MACS = 1 << 20        # a contraction with this many multiply-adds is a GEMM
+# A large GEMM: a contraction without a batch index, with this many multiply-adds and
+# this many per byte it must move (a matrix-vector product is memory-bound, not a GEMM).
+LARGE_GEMM_MACS = 1 << 20
+GEMM_INTENSITY = 8
 LARGE_BYTES = 16 << 10           # a seed of exploratory fusion moves at least this
 MAX_OPERANDS = 10
 EXPLORE_LIMIT = 256
+MAX_INTERVAL = 32
 
 # Substitution fusion's partition steps, in order; each adds ops to the previous set.
 STEPS = ("large-gemm", "contraction", "column-reduction", "scalar-reduction")
@@ -51,7 +58,8 @@ def large_gemm(op: Op) -> bool:
     macs = op.reduced
     for s in op.shape:
         macs *= s
-    return op.kind == "contraction" and macs >= LARGE_GEMM_MACS
+    return (op.kind == "contraction" and not op.batched and macs >= LARGE_GEMM_MACS
+            and macs >= GEMM_INTENSITY * op.bytes)
 
 
 def candidate_patterns(graph: OpGraph) -> list[Pattern]:
@@ -59,7 +67,7 @@ def candidate_patterns(graph: OpGraph) -> list[Pattern]:
     generator that found it names it), in a deterministic order."""
     found: dict[tuple[int, ...], Pattern] = {}
     for p in (substitution_patterns(graph) + exploratory_patterns(graph)
-              + packing_patterns(graph)):
+              + packing_patterns(graph) + interval_patterns(graph)):
         if len(p.ops) >= 2 and graph.convex(p.ops):
             found.setdefault(p.key, p)
     return sorted(found.values(), key=lambda p: (len(p.ops), p.key))
@@ -152,3 +160,18 @@ def _reachable(graph: OpGraph, k: int) -> frozenset[int]:
             seen.add(j)
             stack.extend(graph.successors(j))
     return frozenset(seen)
+
+
+def interval_patterns(graph: OpGraph) -> list[Pattern]:
+    patterns = []
+    for i in range(len(graph.ops)):
+        for j in range(i + 1, min(len(graph.ops), i + MAX_INTERVAL)):
+            if _alone(graph.ops[i]) or _alone(graph.ops[j]):
+                break
+            patterns.append(Pattern(frozenset(range(i, j + 1)), "interval"))
+    return patterns
+
+
+def _alone(op: Op) -> bool:
+    """Ops that are partition ops at every step: they never share a kernel."""
+    return op.kind in ("gather", "scatter") or large_gemm(op)

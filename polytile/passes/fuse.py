@@ -38,6 +38,7 @@ rows (which would serialize it) is not built.
 """
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Sequence
@@ -146,6 +147,7 @@ def _isl(a: N.Affine, tag: str) -> str:
     return text
 
 
+@functools.lru_cache(maxsize=4096)    # a fusion plan asks about the same pairs many times
 def _conflict_free(a: N.Block, b: N.Block) -> bool:
     """No element is touched by row r of `a` and row r' != r of `b` (one of them writing)."""
     na, ca = _domain(a, "a")
