@@ -10,6 +10,7 @@ measured in the same run.
 """
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -109,7 +110,7 @@ def _run_one(w: Workload, options: TimingOptions, use_torch: bool) -> FusionRow:
                 worst = float(np.max(np.abs(np.asarray(g, np.float64) - e)))
                 return FusionRow(w, len(plan.graph.ops), tuple(kernels), plan.groups,
                                  status=f"WRONG ({variant}: max error {worst:.3g})")
-        calls[f"polytile {variant}"] = (lambda call=call: call(*args))
+        calls[f"polytile {variant}"] = functools.partial(call, *args)
     if use_torch and w.torch is not None:
         torch_call = _torch_call(w, args)
         if torch_call is not None:

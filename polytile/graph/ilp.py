@@ -17,7 +17,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.optimize import Bounds, LinearConstraint, milp  # type: ignore[import-untyped]
 
 from polytile.errors import PolytileError
 from polytile.graph.ops import OpGraph
@@ -38,6 +37,9 @@ def solve_plan(graph: OpGraph, patterns: Sequence[frozenset[int]],
                scores: Sequence[float]) -> Solution:
     """Choose disjoint patterns covering every op, maximizing the summed score.
     `patterns` are the candidates with a score >= 0; singletons are added here."""
+    # Imported here: every compile consults the planner's options, few solve a plan.
+    from scipy.optimize import Bounds, LinearConstraint, milp  # type: ignore[import-untyped]
+
     start = time.perf_counter()
     n = len(graph.ops)
     candidates = [frozenset({k}) for k in range(n)] + list(patterns)

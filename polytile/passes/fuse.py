@@ -385,8 +385,7 @@ def planned_groups(fn: N.Function, target: Target,
     for g in plan:
         blocks = [b for k in sorted(g) for b in owner[k]]
         made = row_groups(blocks, target, math.inf) if len(g) > 1 else [[b] for b in blocks]
-        loops = [m for m in made if not (len(m) == 1 and "init" in m[0].tags)]  # type: ignore[union-attr]
-        if len(g) > 1 and len(loops) != 1:
+        if len(g) > 1 and _loops(made) != 1:
             raise ArgumentError(f"fuse.groups: statements {sorted(g)} do not fuse into one row "
                                 "loop", hint="each group's statements must share their first "
                                 "index's range and write rows independently (see docs/fusion.md)")
@@ -398,7 +397,13 @@ def fusible_group(fn: N.Function, target: Target, group: Sequence[int]) -> bool:
     """Whether `planned_groups` builds these statements as one kernel."""
     blocks = [s for s in fn.body.stmts if statement_of(s) in group]
     made = row_groups(blocks, target, math.inf)
-    return sum(1 for m in made if not (len(m) == 1 and "init" in m[0].tags)) == 1  # type: ignore[union-attr]
+    return _loops(made) == 1
+
+
+def _loops(groups: list[list[N.Statement]]) -> int:
+    """Groups that are not a hoisted init on its own."""
+    return sum(1 for m in groups
+               if not (len(m) == 1 and isinstance(m[0], N.Block) and "init" in m[0].tags))
 
 
 def _plan_text(plan: Sequence[Sequence[int]]) -> str:
