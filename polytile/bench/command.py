@@ -260,7 +260,8 @@ def _fusion(args: argparse.Namespace, facts: dict[str, str], command: str, date:
         print(f"  {line}")
     options = TimingOptions.for_run(args.quick, args.repeats)
     rows = fusion.run(workloads, options,
-                      progress=lambda s: print(s, file=sys.stderr, flush=True))
+                      progress=lambda s: print(s, file=sys.stderr, flush=True),
+                      use_compile=not args.no_compile)
     print()
     print(format_text(*fusion.table(rows)))
     wrong = any(r.status.startswith("WRONG") for r in rows)

@@ -39,12 +39,13 @@ class FusionRow:
 
 
 def run(workloads: Sequence[Workload], options: TimingOptions, use_torch: bool = True,
-        progress: Callable[[str], None] = lambda s: None) -> list[FusionRow]:
+        progress: Callable[[str], None] = lambda s: None,
+        use_compile: bool = False) -> list[FusionRow]:
     rows = []
     for k, w in enumerate(workloads, 1):
         progress(f"[{k}/{len(workloads)}] {w.name}")
         try:
-            rows.append(_run_one(w, options, use_torch))
+            rows.append(_run_one(w, options, use_torch, use_compile, progress))
         except Exception as e:  # noqa: BLE001 - one workload's failure is a row, not the end
             rows.append(FusionRow(w, status=f"FAILED: {type(e).__name__}: {e}"))
     return rows
@@ -85,7 +86,8 @@ def compiled_call(spec: Any, options: dict[str, Any]) -> tuple[Callable[..., Any
     return call, len(ir.body.stmts), format_function(ir)
 
 
-def _run_one(w: Workload, options: TimingOptions, use_torch: bool) -> FusionRow:
+def _run_one(w: Workload, options: TimingOptions, use_torch: bool, use_compile: bool,
+             progress: Callable[[str], None]) -> FusionRow:
     from polytile.config import load_config
     from polytile.graph.plan import plan_fusion
     from polytile.targets.target import select_target
@@ -112,9 +114,20 @@ def _run_one(w: Workload, options: TimingOptions, use_torch: bool) -> FusionRow:
                                  status=f"WRONG ({variant}: max error {worst:.3g})")
         calls[f"polytile {variant}"] = functools.partial(call, *args)
     if use_torch and w.torch is not None:
-        torch_call = _torch_call(w, args)
+        torch_call = _torch_call(w, args, compiled=False)
         if torch_call is not None:
             calls["torch eager"] = torch_call
+        if use_compile:
+            start = time.perf_counter()
+            inductor = _torch_call(w, args, compiled=True)
+            if inductor is not None:
+                got = _tuple(tuple(_numpy(v) for v in _as_tuple(inductor())))
+                if all(np.allclose(g, e, rtol=w.rtol, atol=w.atol)
+                       for g, e in zip(got, expected)):
+                    calls["torch.compile"] = inductor
+                    progress(f"  torch.compile: {time.perf_counter() - start:.1f} s")
+                else:
+                    progress("  torch.compile: result differs from NumPy, not timed")
     for c in calls.values():
         c()
     timed = time_blocks(calls, options)
@@ -129,23 +142,43 @@ def _tuple(value: Any) -> tuple[np.ndarray, ...]:
     return tuple(np.asarray(v, np.float64) for v in values)
 
 
-def _torch_call(w: Workload, args: tuple[Any, ...]) -> Callable[[], Any] | None:
+def _torch_call(w: Workload, args: tuple[Any, ...],
+                compiled: bool) -> Callable[[], Any] | None:
+    """The PyTorch version on the same data (eager, or through torch.compile after its
+    compiling first call), or None without torch or when torch.compile fails."""
     try:
         import torch
+        import torch._dynamo
     except ImportError:
         return None
     tensors = tuple(torch.from_numpy(a) if isinstance(a, np.ndarray) and a.ndim else a
                     for a in args)
     layer = w.torch
     assert layer is not None
-    with torch.no_grad():
+    if compiled:
+        torch._dynamo.reset()      # a fresh compile per workload: no dynamic-shape reuse
+        try:
+            layer = torch.compile(layer)
+            layer(*tensors)
+        except Exception:  # noqa: BLE001 - a missing compiler leaves the column n/a
+            return None
+    else:
         layer(*tensors)
-    return lambda: layer(*tensors)
+    return functools.partial(layer, *tensors)
+
+
+def _as_tuple(value: Any) -> tuple[Any, ...]:
+    return value if isinstance(value, tuple) else (value,)
+
+
+def _numpy(value: Any) -> Any:
+    return value.detach().numpy() if hasattr(value, "detach") else value
 
 
 def table(rows: Sequence[FusionRow]) -> tuple[list[str], list[list[str]]]:
     head = ["workload", "ops", "kernels rows", "kernels plan", "plan", "ILP ms (solves)",
-            "numpy f64 ms", "torch ms", "rows ms", "plan ms", "plan vs rows", "plan vs torch"]
+            "numpy f64 ms", "torch ms", "inductor ms", "rows ms", "plan ms", "plan vs rows",
+            "plan vs torch", "plan vs inductor"]
     body = []
     for r in rows:
         if r.status != "ok":
@@ -155,14 +188,17 @@ def table(rows: Sequence[FusionRow]) -> tuple[list[str], list[list[str]]]:
         t = dict(r.times)
         plan = " ".join("{" + ",".join(map(str, g)) + "}" for g in r.groups)
         torch_ms = t.get("torch eager")
+        inductor_ms = t.get("torch.compile")
         body.append([
             r.workload.name, str(r.ops), str(r.kernels[0]), str(r.kernels[1]), plan,
             f"{r.ilp_seconds * 1e3:.1f} ({r.ilp_rounds})", f"{t['numpy'] * 1e3:.3f}",
             f"{torch_ms * 1e3:.3f}" if torch_ms else "n/a",
+            f"{inductor_ms * 1e3:.3f}" if inductor_ms else "n/a",
             f"{t['polytile rows'] * 1e3:.3f}", f"{t['polytile plan'] * 1e3:.3f}",
             f"{t['polytile rows'] / t['polytile plan']:.2f}x"
             + (" (same IR)" if r.same_ir else ""),
-            f"{torch_ms / t['polytile plan']:.2f}x" if torch_ms else "n/a"])
+            f"{torch_ms / t['polytile plan']:.2f}x" if torch_ms else "n/a",
+            f"{inductor_ms / t['polytile plan']:.2f}x" if inductor_ms else "n/a"])
     return head, body
 
 

@@ -11,7 +11,7 @@ with its fork and join). The score uses M'(V) = M(V) minus M's fixed part (its l
 through the first two points at V = 0), since phi already counts what a kernel costs
 by itself; with M's fixed part, splitting a pattern in two would gain it twice. V is what the pattern saves: the reads of values produced
 inside it, the writes of temporaries used only inside it, and the second and later
-reads of an input its members share.
+reads of an input its members share; M' is applied to each avoided transfer.
 
 `polytile bench --fusion` measures both on the host (`probe_cost_model`) and stores
 them in the cache directory under the target's identity; until then DEFAULT is used,
@@ -114,9 +114,12 @@ def store_cost_model(config: Config, target: Target, model: CostModel) -> Path:
     return path
 
 
-def saved_bytes(graph: OpGraph, pattern: Pattern) -> int:
+def saved_transfers(graph: OpGraph, pattern: Pattern) -> list[int]:
+    """Bytes of each memory transfer a kernel of the pattern avoids: a read of a value
+    produced inside it, a second read of an input another member read, the write of a
+    temporary used only inside it."""
     members = pattern.ops
-    saved = 0
+    saved = []
     first_read: set[str] = set()
     for k in sorted(members):
         op = graph.ops[k]
@@ -124,20 +127,27 @@ def saved_bytes(graph: OpGraph, pattern: Pattern) -> int:
             produced = any(graph.ops[p].writes == tensor for p in graph.producers(k)
                            if p in members)
             if produced or tensor in first_read:
-                saved += size
+                saved.append(size)
             first_read.add(tensor)
         first_read.add(op.writes)
-    for k in members:
+    for k in sorted(members):
         t = graph.ops[k].writes
         users = {j for j, op in enumerate(graph.ops) if t in op.reads or op.writes == t}
         if t in graph.temps and users <= members:
-            saved += graph.ops[k].write_bytes
+            saved.append(graph.ops[k].write_bytes)
     return saved
 
 
+def saved_bytes(graph: OpGraph, pattern: Pattern) -> int:
+    return sum(saved_transfers(graph, pattern))
+
+
 def model_score(graph: OpGraph, pattern: Pattern, model: CostModel) -> float:
-    """Seconds a kernel of the pattern saves over its ops run one kernel each."""
-    saved = model.transfer_seconds(saved_bytes(graph, pattern))
+    """Seconds a kernel of the pattern saves over its ops run one kernel each: M' of
+    each avoided transfer (each was a pass over its tensor of its own), plus phi per
+    kernel saved. Summing per transfer keeps the score of a union at least the sum of
+    its parts' scores, so the ILP never prefers splitting a pattern for M's curvature."""
+    saved = sum(model.transfer_seconds(v) for v in saved_transfers(graph, pattern))
     return saved + (len(pattern.ops) - 1) * model.phi
 
 

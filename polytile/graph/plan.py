@@ -4,7 +4,7 @@
     plan.groups              # ((0, 1, 2, 3, 4),): statement numbers per kernel, in order
     print(format_plan(plan)) # what `polytile show --stage plan` prints
 
-A pattern scores f(P) = M(V) + (N - 1) * phi (the cost model), or, with `measured=True`
+A pattern scores f(P) = sum of M'(v) + (N - 1) * phi (the cost model), or, with `measured=True`
 and for the paper's complex patterns, the time the compiled kernel saves (execution-based,
 cached). A pattern the code generator cannot build as one kernel gets no score and is
 listed as such: today that is every pattern whose ops do not share one row loop

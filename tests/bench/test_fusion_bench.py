@@ -24,6 +24,7 @@ def test_table_shows_kernels_plan_and_ratios() -> None:
     assert cells["kernels rows"] == "5" and cells["kernels plan"] == "3"
     assert cells["plan"] == "{0,1,2} {3}" and cells["ILP ms (solves)"] == "4.0 (2)"
     assert cells["plan vs rows"] == "2.00x" and cells["plan vs torch"] == "3.00x"
+    assert cells["inductor ms"] == "n/a" and cells["plan vs inductor"] == "n/a"
 
 
 def test_failed_row_says_why() -> None:
