@@ -28,7 +28,7 @@ def test_table_shows_kernels_plan_and_ratios() -> None:
 
 
 def test_failed_row_says_why() -> None:
-    head, (body,) = table([FusionRow(logreg(3, 2), status="FAILED: X")])
+    _, (body,) = table([FusionRow(logreg(3, 2), status="FAILED: X")])
     assert "FAILED: X" in body
 
 
