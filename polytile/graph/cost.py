@@ -167,8 +167,9 @@ PHI_KERNELS = 8
 
 def probe_cost_model(config: Config, target: Target, quick: bool = False) -> CostModel:
     """Measure M(V) with a compiled copy kernel at sizes from 8 KiB to 32 MiB moved, and
-    phi as the time one more kernel adds: 8 tiny independent statements run as 8
-    kernels and as one, (t8 - t1) / 7."""
+    phi as the time one more kernel adds: the larger of (t8 - t1) / 7 for 8 tiny
+    independent statements run as 8 kernels and as one (tiny kernels run on one thread)
+    and the fixed part of the copies large enough to run in threads (a fork and join)."""
     import numpy as np
 
     from polytile.bench.timing import TimingOptions, time_blocks
@@ -180,7 +181,9 @@ def probe_cost_model(config: Config, target: Target, quick: bool = False) -> Cos
     options = (TimingOptions(rounds=3, block_seconds=0.03, settle_seconds=0.02) if quick
                else TimingOptions(rounds=5, block_seconds=0.1, settle_seconds=0.05))
     copy = analyze(parse(COPY, "<probe>")).functions[0]
-    sizes = [8 << 10 << (2 * k) for k in range(7 if not quick else 4)]   # 8 KiB .. 32 MiB
+    sizes = [8 << 10 << (2 * k) for k in range(7)]   # 8 KiB .. 32 MiB
+    if quick:      # two serial and two threaded copies: both fixed parts are measured
+        sizes = [sizes[k] for k in (0, 1, 3, 4)]
     calls = {}
     for v in sizes:
         n = v // 8                            # read 4 bytes, write 4 bytes per element
@@ -196,10 +199,22 @@ def probe_cost_model(config: Config, target: Target, quick: bool = False) -> Cos
     points: list[tuple[int, float]] = []
     for v in sizes:
         points.append((v, max(timed[str(v)].p10, points[-1][1] if points else 0.0)))
-    phi = _probe_phi(config, target, options)
+    phi = max(_probe_phi(config, target, options), _threaded_intercept(points))
     host = target.identity
     date = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     return CostModel(tuple(points), phi, f"measured on {host} at {date}")
+
+
+def _threaded_intercept(points: list[tuple[int, float]]) -> float:
+    """The fixed cost of a kernel that runs in threads (an OpenMP fork and join): the
+    line through the first two copy points large enough to be threaded, at V = 0."""
+    from polytile.passes.autotile import PARALLEL_MIN_WORK
+
+    threaded = [(v, t) for v, t in points if v // 8 >= PARALLEL_MIN_WORK]
+    if len(threaded) < 2:
+        return 0.0
+    (x0, t0), (x1, t1) = threaded[:2]
+    return max(0.0, t0 - x0 * (t1 - t0) / (x1 - x0))
 
 
 def _probe_phi(config: Config, target: Target, options: object) -> float:
