@@ -378,14 +378,17 @@ def planned_groups(fn: N.Function, target: Target,
                                 "that rename top-level blocks")
         owner.setdefault(k, []).append(s)
     planned = [k for g in plan for k in g]
-    if sorted(planned) != sorted(owner):
+    # A statement over an empty range has no block (ir.lower): the plan may name it.
+    if len(planned) != len(set(planned)) or not set(owner) <= set(planned):
         raise ArgumentError(f"fuse.groups {_plan_text(plan)} must name every statement "
                             f"{sorted(owner)} once")
     groups: list[list[N.Statement]] = []
     for g in plan:
-        blocks = [b for k in sorted(g) for b in owner[k]]
-        made = row_groups(blocks, target, math.inf) if len(g) > 1 else [[b] for b in blocks]
-        if len(g) > 1 and _loops(made) != 1:
+        present = sorted(k for k in g if k in owner)
+        blocks = [b for k in present for b in owner[k]]
+        made = (row_groups(blocks, target, math.inf) if len(present) > 1
+                else [[b] for b in blocks])
+        if len(present) > 1 and _loops(made) != 1:
             raise ArgumentError(f"fuse.groups: statements {sorted(g)} do not fuse into one row "
                                 "loop", hint="each group's statements must share their first "
                                 "index's range and write rows independently (see docs/fusion.md)")

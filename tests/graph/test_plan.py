@@ -139,3 +139,17 @@ def colrow(float(N,D) X) -> (Y, c) {
     reference.run(spec, {**inputs, **scalars}, expected)
     for name in outputs:
         np.testing.assert_allclose(outputs[name], expected[name], rtol=1e-4, atol=1e-4)
+
+
+def test_a_plan_over_empty_ranges_compiles_and_runs() -> None:
+    config = load_config()
+    target = select_target(config.target)
+    spec = spec_of("""
+def empty(float(N,D) X) -> (A, c) {
+  A(n,d) = X(n,d) * 2
+  c(d) +=! X(n,d)
+}""", {"X": (0, 5)})
+    compiled = Compiler(config, target, options={"fuse.strategy": "plan"}).compile(spec)
+    outputs = {"A": np.ones((0, 5), np.float32), "c": np.full(5, np.nan, np.float32)}
+    compiled.run({"X": np.zeros((0, 5), np.float32)}, {}, outputs)
+    assert np.array_equal(outputs["c"], np.zeros(5, np.float32))
