@@ -128,5 +128,18 @@ def format_plan(plan: FusionPlan) -> str:
     lines.append(f"  plan: {len(plan.groups)} kernels for {len(g.ops)} ops, objective "
                  f"{plan.objective * 1e6:.2f} us, ILP {plan.rounds} solve(s)")
     for k, group in enumerate(plan.groups):
-        lines.append(f"    kernel {k}: " + "{" + ",".join(str(i) for i in group) + "}")
+        lines.append(f"    kernel {k}: " + "{" + ",".join(str(i) for i in group) + "}"
+                     + (f"  {_row_bytes(g, group)} B per row" if len(group) > 1 else ""))
     return "\n".join(lines) + "\n"
+
+
+def _row_bytes(graph: OpGraph, group: tuple[int, ...]) -> int:
+    """What one row of a fused kernel touches (every tensor's bytes over the rows): the
+    model's saving assumes this stays in cache between the members."""
+    rows = max(1, graph.ops[group[0]].rows)
+    tensors: dict[str, int] = {}
+    for k in group:
+        op = graph.ops[k]
+        for tensor, size in (*zip(op.reads, op.read_bytes), (op.writes, op.write_bytes)):
+            tensors[tensor] = max(tensors.get(tensor, 0), size)
+    return sum(tensors.values()) // rows
