@@ -1,7 +1,7 @@
 """The `polytile` command (also `python -m polytile`).
 
     polytile check FILE.tc [--sizes M=128,K=64]
-    polytile show FILE.tc --stage ast|program|ir|loops|c [--sizes ...] [--function NAME] [--target T]
+    polytile show FILE.tc --stage ast|program|plan|ir|loops|c [--sizes ...] [--function NAME] [--target T]
                            (loops and c, or any stage of the target's backend)
     polytile grad FILE.tc [--name NAME] [--saved]
     polytile targets
@@ -11,7 +11,7 @@
     polytile cache info|clear [--tuning]
     polytile cache export FILE | import FILE
     polytile cache inject FILE.tc --sizes ... --options JSON|@FILE [--function NAME]
-    polytile bench [--quick] [--only NAME[,NAME]] [--latency | --training] [--write [FILE]] [--repeats N]
+    polytile bench [--quick] [--only NAME[,NAME]] [--latency | --training | --fusion] [--write [FILE]] [--repeats N]
                    [--no-compile]
     polytile einsum SPEC --shapes x=8,64,30,30 w=64,64,3,3 [--dtypes x=float64,...]
 """
@@ -105,7 +105,7 @@ def _stages() -> tuple[str, ...]:
     from polytile.backends import backends
 
     below = (stage for backend in backends() for stage in backend.stages)
-    return ("ast", "program", "ir", *dict.fromkeys(below))
+    return ("ast", "program", "plan", "ir", *dict.fromkeys(below))
 
 
 def cmd_show(args: argparse.Namespace) -> int:
@@ -137,6 +137,9 @@ def cmd_show(args: argparse.Namespace) -> int:
         # What a call would compile: with the tuned options, if any.
         compiler = Compiler(config, _shown_target(args.target or config.target),
                             tuned=tuned_lookup(config))
+        if args.stage == "plan":
+            _show_plan(compiler, _specialize(fn, args.sizes))
+            continue
         ir = compiler.ir(_specialize(fn, args.sizes))
         if args.stage == "ir":
             print(format_ir(ir))
@@ -148,6 +151,17 @@ def cmd_show(args: argparse.Namespace) -> int:
                                 hint=f"its stages: ir, {', '.join(backend.stages)}")
         print(backend.generate(ir, compiler.target).text(args.stage))
     return 0
+
+
+def _show_plan(compiler, spec) -> None:  # type: ignore[no-untyped-def]
+    """The fusion plan (polytile.graph): ops, scored patterns, the kernels chosen; the
+    ILP's solve time on stderr, so that the printed plan is the same on every run."""
+    from polytile.graph.plan import format_plan, plan_fusion
+
+    plan = plan_fusion(spec, compiler.target, compiler.config)
+    print(format_plan(plan), end="")
+    print(f"note: ILP solved in {plan.solve_seconds * 1e3:.1f} ms ({plan.rounds} solve(s))",
+          file=sys.stderr)
 
 
 def _shown_target(name: str | None):  # type: ignore[no-untyped-def]
@@ -285,6 +299,9 @@ def _add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--training", action="store_true",
                         help="time a training step (forward + derived backward through "
                              "polytile.torch.op) against torch eager instead (needs torch)")
+    parser.add_argument("--fusion", action="store_true",
+                        help="probe the fusion cost model (stored for this target) and run "
+                             "the fusion workloads without and with the fusion plan instead")
     # const=True: the project's benchmarks/RESULTS.md, found by bench.command.results_path.
     parser.add_argument("--write", nargs="?", const=True, default=None, metavar="FILE",
                         help="also write the tables into FILE (default: benchmarks/RESULTS.md "
@@ -328,11 +345,12 @@ def main(argv: list[str] | None = None) -> int:
     check.add_argument("--sizes", type=_sizes, default=None,
                        help="concrete sizes, e.g. M=128,K=64 (integer scalars too)")
     check.set_defaults(run=cmd_check)
-    show = sub.add_parser("show", help="print one stage: ast, program, ir, or a backend's (loops, c, opencl, cuda)")
+    show = sub.add_parser("show", help="print one stage: ast, program, plan, ir, or a "
+                          "backend's (loops, c, opencl, cuda)")
     show.add_argument("file", help="TC source file, or - for standard input")
     show.add_argument("--stage", default="program",
-                      help="ast, program, ir, or a stage of a backend (loops, c; opencl for "
-                           "--target opencl, cuda for --target cuda-sm80 or cuda-sm90)")
+                      help="ast, program, plan, ir, or a stage of a backend (loops, c; opencl "
+                           "for --target opencl, cuda for --target cuda-sm80 or cuda-sm90)")
     show.add_argument("--sizes", type=_sizes, default=None, help="e.g. M=128,K=64")
     show.add_argument("--function", default=None, help="only this function")
     show.add_argument("--target", default=None,

@@ -111,15 +111,24 @@ class Compiler:
         that cannot be applied is reported once, as a TuningEntryWarning, and the
         heuristics are used: one bad row must not break every call of its shapes."""
         if self.options or self.tuned is None:
-            return self.optimize(lowered, self.options), self.options
+            options = self.planned(spec, self.options)
+            return self.optimize(lowered, options), options
         key = self.tuning_key(spec, lowered)
         tuned = self.tuned(key) or {}
         if tuned:
             try:
+                tuned = self.planned(spec, tuned)
                 return self.optimize(lowered, tuned), tuned
             except PolytileError as e:
                 _warn_unusable_entry(key, tuned, e, spec.fn.name)
-        return self.optimize(lowered, {}), {}
+        options = self.planned(spec, {})
+        return self.optimize(lowered, options), options
+
+    def planned(self, spec: Specialized, options: dict[str, Any]) -> dict[str, Any]:
+        """`options` with the fusion plan's groups (polytile.graph) when pass fuse's
+        strategy is "plan": the graph level decides which statements share a kernel."""
+        from polytile.graph.plan import with_plan
+        return with_plan(spec, self.target, self.config, options)
 
     @property
     def backend(self) -> Backend:

@@ -1,6 +1,7 @@
 """`polytile bench`: the command's flow, from arguments to the table and RESULTS.md.
 
-    polytile bench [--quick] [--only NAME[,NAME]] [--latency | --training] [--write [FILE]]
+    polytile bench [--quick] [--only NAME[,NAME]] [--latency | --training | --fusion]
+                   [--write [FILE]]
                    [--repeats N]
                    [--no-compile]
 
@@ -13,7 +14,9 @@ against NumPy and timed against NumPy, PyTorch eager and torch.compile (unless
 benchmarks/RESULTS.md of the checkout polytile runs from, else of the current
 directory), so a plain run leaves a clone clean. --latency instead measures first-call,
 cached-call and dispatch latency; --training times a training step of layers through
-polytile.torch.op against torch eager (polytile.bench.training). The exit status is 1 when
+polytile.torch.op against torch eager (polytile.bench.training); --fusion probes the
+fusion cost model and compares kernels and times without and with the fusion plan
+(polytile.bench.fusion). The exit status is 1 when
 polytile gives a
 WRONG result anywhere; a workload polytile cannot compile is FAILED in the table.
 
@@ -57,6 +60,8 @@ def run(args: argparse.Namespace) -> int:
         return _latency(args, facts, command, date)
     if args.training:
         return _training(args, facts, command, date, busy)
+    if getattr(args, "fusion", False):
+        return _fusion(args, facts, command, date, busy)
     return _throughput(args, facts, command, date, busy)
 
 
@@ -233,6 +238,53 @@ def _training(args: argparse.Namespace, facts: dict[str, str], command: str, dat
     return 1 if wrong else 0
 
 
+def _fusion(args: argparse.Namespace, facts: dict[str, str], command: str, date: str,
+            busy: str) -> int:
+    from polytile.bench import fusion
+    from polytile.bench.fusion_workloads import fusion_set
+    from polytile.bench.report import format_markdown, format_text, write_section
+    from polytile.config import load_config
+    from polytile.errors import ArgumentError
+    from polytile.graph.cost import probe_cost_model, store_cost_model
+    from polytile.targets.target import select_target
+
+    workloads = fusion_set(args.quick)
+    if args.only:
+        workloads = [w for w in workloads if w.matches(args.only)]
+    if not workloads:
+        raise ArgumentError(f"no fusion workload matches --only {','.join(args.only)}",
+                            hint="attention, interests, logreg, perceptron, vae-encoder, "
+                                 "ln-gelu-residual")
+    config = load_config()
+    target = select_target(config.target)
+    print("probing the fusion cost model (M(V), phi) ...", file=sys.stderr, flush=True)
+    model = probe_cost_model(config, target, quick=args.quick)
+    path = store_cost_model(config, target, model)
+    probe = ["M(V): " + ", ".join(f"{v >> 10} KiB {t * 1e6:.1f} us ({v / t / 1e9:.1f} GB/s)"
+                                   for v, t in model.points),
+             f"phi (one more kernel): {model.phi * 1e6:.2f} us", f"stored in {path}"]
+    for line in probe:
+        print(f"  {line}")
+    options = TimingOptions.for_run(args.quick, args.repeats)
+    rows = fusion.run(workloads, options,
+                      progress=lambda s: print(s, file=sys.stderr, flush=True),
+                      use_compile=not args.no_compile)
+    print()
+    print(format_text(*fusion.table(rows)))
+    wrong = any(r.status.startswith("WRONG") for r in rows)
+    if args.write:
+        title = "Fusion plans" + (" (quick smoke run, small sizes)" if args.quick else "")
+        text = [f"## {title}", "", f"- date: {date}", f"- command: `{command}`", "",
+                "### Machine", ""] + [f"- {k}: {v}" for k, v in facts.items()]
+        text += [f"- warning: {busy}"] if busy else []
+        text += ["", "### Cost model probe", ""] + [f"- {line}" for line in probe[:2]]
+        text += ["", format_markdown(*fusion.table(rows)), "", fusion.NOTE]
+        path = results_path(args.write)
+        write_section(path, _section("fusion", args), "\n".join(text))
+        print(f"\nwrote {path}")
+    return 1 if wrong else 0
+
+
 def _busy_warning() -> str:
     """A warning when other processes keep the cores busy: every number will be off."""
     try:
@@ -272,6 +324,8 @@ def _argv(args: argparse.Namespace) -> list[str]:
         argv.append("--latency")
     if getattr(args, "training", False):
         argv.append("--training")
+    if getattr(args, "fusion", False):
+        argv.append("--fusion")
     if args.write:
         argv.append("--write" if args.write is True else f"--write={args.write}")
     if args.repeats is not None:

@@ -38,7 +38,10 @@ rows (which would serialize it) is not built.
 """
 from __future__ import annotations
 
+import functools
 import math
+import re
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -50,7 +53,7 @@ from polytile.passes.pipeline import one_of, register
 from polytile.targets.target import Target
 
 ROW = "r"
-STRATEGIES = ("rows", "max", "none")
+STRATEGIES = ("rows", "max", "none", "plan")
 
 
 def _row_index(block: N.Block) -> N.Index | None:
@@ -144,6 +147,7 @@ def _isl(a: N.Affine, tag: str) -> str:
     return text
 
 
+@functools.lru_cache(maxsize=4096)    # a fusion plan asks about the same pairs many times
 def _conflict_free(a: N.Block, b: N.Block) -> bool:
     """No element is touched by row r of `a` and row r' != r of `b` (one of them writing)."""
     na, ca = _domain(a, "a")
@@ -165,11 +169,24 @@ def fuse(fn: N.Function, target: Target, params: dict[str, Any]) -> N.Function:
     if strategy not in STRATEGIES:
         raise ArgumentError(f"fuse.strategy must be one of {', '.join(STRATEGIES)}, "
                             f"got {strategy!r}")
+    if params.get("groups") is not None:
+        return _assemble(fn, planned_groups(fn, target, params["groups"]))
+    if strategy == "plan":
+        raise ArgumentError("fuse.strategy plan needs the plan's groups (fuse.groups)",
+                            hint="compile through polytile.compile.Compiler, which asks "
+                                 "polytile.graph for the plan, or pass fuse.groups")
     if strategy == "none":
         return fn
     budget = math.inf if strategy == "max" else target.cache_size("L1") // 2
+    return _assemble(fn, row_groups(list(fn.body.stmts), target, budget))
+
+
+def row_groups(body: list[N.Statement], target: Target,
+               budget: float) -> list[list[N.Statement]]:
+    """Consecutive statements grouped into row loops; a hoisted init is a group of its
+    own, in front of the loop it was taken out of."""
     groups: list[list[N.Statement]] = []
-    body = list(fn.body.stmts)
+    body = list(body)
     while body:
         s = body.pop(0)
         last = groups[-1] if groups else None
@@ -194,6 +211,10 @@ def fuse(fn: N.Function, target: Target, params: dict[str, Any]) -> N.Function:
             last.append(member)
             continue
         groups.append([s])
+    return groups
+
+
+def _assemble(fn: N.Function, groups: list[list[N.Statement]]) -> N.Function:
     stmts: list[N.Statement] = []
     temps = {r.into for r in fn.body.refs if r.dir == "none"}
     for k, group in enumerate(groups):
@@ -330,4 +351,76 @@ def _shrink(block: N.Block, buffer: str, dim: int, top: N.Refinement) -> N.Block
     return replace(block, refs=refs, stmts=tuple(members))
 
 
-register("fuse", fuse, strategy=one_of(*STRATEGIES))
+# ------------------------------------------------------------------ a fusion plan's groups
+# polytile.graph decides which statements form one kernel (FusionStitching's ILP plan);
+# this pass only builds those groups, in the plan's order, and refuses one it cannot
+# build as one row loop (a plan made elsewhere is checked before it is obeyed).
+
+def statement_of(block: N.Statement) -> int | None:
+    """The TC statement a top-level block comes from (`s3`, `s3_init`), by its name."""
+    if not isinstance(block, N.Block):
+        return None
+    found = _STATEMENT.fullmatch(block.name)
+    return int(found.group(1)) if found else None
+
+
+def planned_groups(fn: N.Function, target: Target,
+                   plan: Sequence[Sequence[int]]) -> list[list[N.Statement]]:
+    """The plan's groups of statement numbers as groups of blocks, in the plan's order;
+    within a group the statements keep their order. A group must fuse into one row loop
+    (with the inits of its column sums hoisted in front)."""
+    owner: dict[int, list[N.Statement]] = {}
+    for s in fn.body.stmts:
+        k = statement_of(s)
+        if k is None:
+            raise ArgumentError(f"fuse.groups: top-level statement {getattr(s, 'name', s)!r} "
+                                "comes from no TC statement", hint="run fuse before passes "
+                                "that rename top-level blocks")
+        owner.setdefault(k, []).append(s)
+    planned = [k for g in plan for k in g]
+    # A statement over an empty range has no block (ir.lower): the plan may name it.
+    if len(planned) != len(set(planned)) or not set(owner) <= set(planned):
+        raise ArgumentError(f"fuse.groups {_plan_text(plan)} must name every statement "
+                            f"{sorted(owner)} once")
+    groups: list[list[N.Statement]] = []
+    for g in plan:
+        present = sorted(k for k in g if k in owner)
+        blocks = [b for k in present for b in owner[k]]
+        made = (row_groups(blocks, target, math.inf) if len(present) > 1
+                else [[b] for b in blocks])
+        if len(present) > 1 and _loops(made) != 1:
+            raise ArgumentError(f"fuse.groups: statements {sorted(g)} do not fuse into one row "
+                                "loop", hint="each group's statements must share their first "
+                                "index's range and write rows independently (see docs/fusion.md)")
+        groups.extend(made)
+    return groups
+
+
+def fusible_group(fn: N.Function, target: Target, group: Sequence[int]) -> bool:
+    """Whether `planned_groups` builds these statements as one kernel."""
+    blocks = [s for s in fn.body.stmts if statement_of(s) in group]
+    made = row_groups(blocks, target, math.inf)
+    return _loops(made) == 1
+
+
+def _loops(groups: list[list[N.Statement]]) -> int:
+    """Groups that are not a hoisted init on its own."""
+    return sum(1 for m in groups
+               if not (len(m) == 1 and isinstance(m[0], N.Block) and "init" in m[0].tags))
+
+
+def _plan_text(plan: Sequence[Sequence[int]]) -> str:
+    return " ".join("{" + ",".join(str(k) for k in g) + "}" for g in plan)
+
+
+def _check_groups(value: Any) -> str | None:
+    ok = isinstance(value, (list, tuple)) and all(
+        isinstance(g, (list, tuple)) and g and all(
+            isinstance(k, int) and not isinstance(k, bool) and k >= 0 for k in g)
+        for g in value)
+    return None if ok else f"must be a list of non-empty lists of statement numbers, got {value!r}"
+
+
+_STATEMENT = re.compile(r"s(\d+)(?:_init)?")
+
+register("fuse", fuse, strategy=one_of(*STRATEGIES), groups=_check_groups)

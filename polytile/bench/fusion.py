@@ -1,0 +1,211 @@
+"""`polytile bench --fusion`: the fusion planner's probe and workloads (issue 17).
+
+First the cost model's probe: M(V) and phi measured on this host and stored in the cache
+directory with the target (polytile.graph.cost), so later plans use them. Then, for
+every workload of polytile.bench.fusion_workloads: the op count, the plan (its groups,
+ILP solve time and rounds), the kernels (top-level loop nests) that pass fuse makes
+without a plan (strategy "rows") and with it, every variant checked against NumPy, and
+the times of NumPy, PyTorch eager, polytile without the plan and polytile with it,
+measured in the same run.
+"""
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from polytile.bench.timing import TimingOptions, time_blocks
+from polytile.bench.workload import Workload
+
+VARIANTS = ("rows", "plan")
+
+
+@dataclass(frozen=True)
+class FusionRow:
+    workload: Workload
+    ops: int = 0
+    kernels: tuple[int, ...] = ()            # per variant
+    groups: tuple[tuple[int, ...], ...] = ()
+    plan_seconds: float = 0.0                # patterns, scores and ILP
+    ilp_seconds: float = 0.0
+    ilp_rounds: int = 0
+    times: tuple[tuple[str, float], ...] = ()    # (implementation, median seconds)
+    status: str = "ok"
+    same_ir: bool = False       # the plan builds what "rows" builds: their ratio is noise
+
+
+def run(workloads: Sequence[Workload], options: TimingOptions, use_torch: bool = True,
+        progress: Callable[[str], None] = lambda s: None,
+        use_compile: bool = False) -> list[FusionRow]:
+    rows = []
+    for k, w in enumerate(workloads, 1):
+        progress(f"[{k}/{len(workloads)}] {w.name}")
+        try:
+            rows.append(_run_one(w, options, use_torch, use_compile, progress))
+        except Exception as e:  # noqa: BLE001 - one workload's failure is a row, not the end
+            rows.append(FusionRow(w, status=f"FAILED: {type(e).__name__}: {e}"))
+    return rows
+
+
+def specialized(w: Workload, args: tuple[Any, ...]) -> Any:
+    """The workload's TC function specialized to the shapes of `args`."""
+    import polytile as pt
+    from polytile.sema.specialize import specialize
+
+    fn = pt.define(w.tc)[w.function].fn
+    shapes = {p.name: np.shape(a) for p, a in zip(fn.params, args) if p.kind != "scalar"}
+    scalars = {p.name: a for p, a in zip(fn.params, args) if p.kind == "scalar"}
+    return specialize(fn, shapes, scalars)
+
+
+def compiled_call(spec: Any, options: dict[str, Any]) -> tuple[Callable[..., Any], int, str]:
+    """A NumPy-in, NumPy-out call of the function compiled with `options`, how many
+    top-level loop nests (kernels) its optimized IR has, and that IR's text."""
+    from polytile.compile import Compiler
+    from polytile.config import load_config
+    from polytile.ir.printer import format_function
+    from polytile.targets.target import select_target
+
+    config = load_config()
+    compiler = Compiler(config, select_target(config.target), options=options)
+    built = compiler.compile(spec)
+    ir = compiler.ir(spec)
+    fn = spec.fn
+
+    def call(*args: Any) -> Any:
+        inputs = {p.name: a for p, a in zip(fn.params, args) if p.kind != "scalar"}
+        scalars = {p.name: a for p, a in zip(fn.params, args) if p.kind == "scalar"}
+        outs = {o.name: np.empty(spec.shape(o.name), o.dtype.numpy) for o in fn.outputs}
+        built.run(inputs, scalars, outs)
+        values = tuple(outs[o.name] for o in fn.outputs)
+        return values if len(values) > 1 else values[0]
+    return call, len(ir.body.stmts), format_function(ir)
+
+
+def _run_one(w: Workload, options: TimingOptions, use_torch: bool, use_compile: bool,
+             progress: Callable[[str], None]) -> FusionRow:
+    from polytile.config import load_config
+    from polytile.graph.plan import plan_fusion
+    from polytile.targets.target import select_target
+
+    args = w.make_inputs(np.random.default_rng(0))
+    spec = specialized(w, args)
+    config = load_config()
+    start = time.perf_counter()
+    plan = plan_fusion(spec, select_target(config.target), config)
+    plan_seconds = time.perf_counter() - start
+    calls: dict[str, Callable[[], Any]] = {"numpy": lambda: w.numpy(*args)}
+    expected = _tuple(w.numpy(*args))
+    kernels, texts = [], []
+    for variant in VARIANTS:
+        opts = {} if variant == "rows" else {"fuse.groups": plan.option}
+        call, count, text = compiled_call(spec, opts)
+        kernels.append(count)
+        texts.append(text)
+        got = _tuple(call(*args))
+        for g, e in zip(got, expected):
+            if not np.allclose(g, e, rtol=w.rtol, atol=w.atol):
+                worst = float(np.max(np.abs(np.asarray(g, np.float64) - e)))
+                return FusionRow(w, len(plan.graph.ops), tuple(kernels), plan.groups,
+                                 status=f"WRONG ({variant}: max error {worst:.3g})")
+        calls[f"polytile {variant}"] = functools.partial(call, *args)
+    if use_torch and w.torch is not None:
+        torch_call = _torch_call(w, args, compiled=False)
+        if torch_call is not None:
+            calls["torch eager"] = torch_call
+        if use_compile:
+            start = time.perf_counter()
+            inductor = _torch_call(w, args, compiled=True)
+            if inductor is not None:
+                got = _tuple(tuple(_numpy(v) for v in _as_tuple(inductor())))
+                if all(np.allclose(g, e, rtol=w.rtol, atol=w.atol)
+                       for g, e in zip(got, expected)):
+                    calls["torch.compile"] = inductor
+                    progress(f"  torch.compile: {time.perf_counter() - start:.1f} s")
+                else:
+                    progress("  torch.compile: result differs from NumPy, not timed")
+    for c in calls.values():
+        c()
+    timed = time_blocks(calls, options)
+    return FusionRow(w, len(plan.graph.ops), tuple(kernels), plan.groups, plan_seconds,
+                     plan.solve_seconds, plan.rounds,
+                     tuple((name, t.median) for name, t in timed.items()),
+                     same_ir=texts[0] == texts[1])
+
+
+def _tuple(value: Any) -> tuple[np.ndarray, ...]:
+    values = value if isinstance(value, tuple) else (value,)
+    return tuple(np.asarray(v, np.float64) for v in values)
+
+
+def _torch_call(w: Workload, args: tuple[Any, ...],
+                compiled: bool) -> Callable[[], Any] | None:
+    """The PyTorch version on the same data (eager, or through torch.compile after its
+    compiling first call), or None without torch or when torch.compile fails."""
+    try:
+        import torch
+        import torch._dynamo
+    except ImportError:
+        return None
+    tensors = tuple(torch.from_numpy(a) if isinstance(a, np.ndarray) and a.ndim else a
+                    for a in args)
+    layer = w.torch
+    assert layer is not None
+    if compiled:
+        torch._dynamo.reset()      # a fresh compile per workload: no dynamic-shape reuse
+        try:
+            layer = torch.compile(layer)
+            layer(*tensors)
+        except Exception:  # noqa: BLE001 - a missing compiler leaves the column n/a
+            return None
+    else:
+        layer(*tensors)
+    return functools.partial(layer, *tensors)
+
+
+def _as_tuple(value: Any) -> tuple[Any, ...]:
+    return value if isinstance(value, tuple) else (value,)
+
+
+def _numpy(value: Any) -> Any:
+    return value.detach().numpy() if hasattr(value, "detach") else value
+
+
+def table(rows: Sequence[FusionRow]) -> tuple[list[str], list[list[str]]]:
+    head = ["workload", "ops", "kernels rows", "kernels plan", "plan", "ILP ms (solves)",
+            "numpy f64 ms", "torch ms", "inductor ms", "rows ms", "plan ms", "plan vs rows",
+            "plan vs torch", "plan vs inductor"]
+    body = []
+    for r in rows:
+        if r.status != "ok":
+            body.append([r.workload.name, str(r.ops or ""), *(str(k) for k in r.kernels),
+                         r.status])
+            continue
+        t = dict(r.times)
+        plan = " ".join("{" + ",".join(map(str, g)) + "}" for g in r.groups)
+        torch_ms = t.get("torch eager")
+        inductor_ms = t.get("torch.compile")
+        body.append([
+            r.workload.name, str(r.ops), str(r.kernels[0]), str(r.kernels[1]), plan,
+            f"{r.ilp_seconds * 1e3:.1f} ({r.ilp_rounds})", f"{t['numpy'] * 1e3:.3f}",
+            f"{torch_ms * 1e3:.3f}" if torch_ms else "n/a",
+            f"{inductor_ms * 1e3:.3f}" if inductor_ms else "n/a",
+            f"{t['polytile rows'] * 1e3:.3f}", f"{t['polytile plan'] * 1e3:.3f}",
+            f"{t['polytile rows'] / t['polytile plan']:.2f}x"
+            + (" (same IR)" if r.same_ir else ""),
+            f"{torch_ms / t['polytile plan']:.2f}x" if torch_ms else "n/a",
+            f"{inductor_ms / t['polytile plan']:.2f}x" if inductor_ms else "n/a"])
+    return head, body
+
+
+NOTE = ("Kernels are top-level loop nests of the optimized IR (hoisted initializations "
+        "of column sums count); ops are TC statements, what a framework runs as one "
+        "kernel each. 'rows' is pass fuse's heuristic without a plan (the default); "
+        "'plan' is the ILP plan of polytile.graph. Times are medians of blocks of calls "
+        "(polytile.bench.timing); 'plan vs X' > 1 means the plan is faster. Where the plan "
+        "builds the same IR as 'rows' (same IR), their ratio is the run's noise. 'numpy "
+        "f64' is the float64 oracle, not a tuned NumPy baseline.")
