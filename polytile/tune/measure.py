@@ -32,6 +32,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -76,6 +77,15 @@ class Build:
     detail: str = ""
 
 
+@dataclass(frozen=True)
+class Outcome:
+    """A candidate's build and its measurement, and where it was measured."""
+
+    build: Build
+    report: RunReport
+    host: str = ""             # "": this machine
+
+
 class _CompileTimeout(BaseException):
     """Raised by SIGALRM in a worker; a BaseException so no `except Exception` eats it."""
 
@@ -95,10 +105,14 @@ def _on_alarm(signum: int, frame: Any) -> None:
 
 
 def build_one(job: BuildJob, options: Options, timeout: float) -> Build:
-    """Compile one candidate (in a worker, or in the caller's process)."""
+    """Compile one candidate (in a worker process, a Dask worker, or the caller)."""
     from polytile.compile import Compiler
-    previous = signal.signal(signal.SIGALRM, _on_alarm)
-    signal.setitimer(signal.ITIMER_REAL, timeout)
+    # Signals reach the main thread only: a Dask worker (polytile.tune.cluster) compiles
+    # in a task thread, where the caller's deadline bounds a compile instead.
+    alarm = threading.current_thread() is threading.main_thread()
+    if alarm:
+        previous = signal.signal(signal.SIGALRM, _on_alarm)
+        signal.setitimer(signal.ITIMER_REAL, timeout)
     start = time.perf_counter()
     try:
         built = Compiler(job.config, job.target, options=options.pass_options()).build(job.spec)
@@ -111,8 +125,36 @@ def build_one(job: BuildJob, options: Options, timeout: float) -> Build:
         return Build(options, "compile-error", seconds=time.perf_counter() - start,
                      detail=f"{type(e).__name__}: {e}"[:2000])
     finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
+        if alarm:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous)
+
+
+def measure_build(runner: Runner, build: Build, prune_seconds: float | None = None
+                  ) -> RunReport:
+    """Check and time one candidate: a failed build becomes its report. The one
+    per-candidate step of both the local tuner and a cluster worker."""
+    if build.status != "ok":
+        return RunReport(build.status, detail=build.detail)
+    return runner.run(build, prune_seconds)
+
+
+def measure_rounds(runner: Runner, builds: Sequence[Build], rounds: int,
+                   seconds: float) -> dict[str, list[RunReport]]:
+    """Each build measured `rounds` times, in turns that start at a different build
+    each round (so drift in the machine's speed spreads over all of them); rounds
+    after the first only while `seconds` last. Reports of successful runs, by program."""
+    deadline = time.monotonic() + seconds
+    reports: dict[str, list[RunReport]] = {b.program: [] for b in builds}
+    for k in range(rounds):
+        if k and time.monotonic() >= deadline:
+            break
+        turn = list(builds)
+        for b in turn[k % len(turn):] + turn[:k % len(turn)]:
+            report = runner.run(b)
+            if report.status == "ok" and report.median is not None:
+                reports[b.program].append(report)
+    return reports
 
 
 def _build_in_worker(options: Options, timeout: float) -> Build:
@@ -210,8 +252,8 @@ class Runner:
     def _start(self) -> None:
         # Kept open for the process's lifetime: a crash report reads its tail.
         self._stderr = tempfile.TemporaryFile()  # noqa: SIM115
-        command = [sys.executable, "-c", "from polytile.tune.runner import main; "
-                   f"main(parent={os.getpid()})"]
+        command = [sys.executable, "-c", ("from polytile.tune.runner import main; "
+                                          f"main(parent={os.getpid()})")]
         self._proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                       stderr=self._stderr, bufsize=0)
         assert self._proc.stdin is not None
