@@ -249,6 +249,7 @@ class ClusterMeasurer:
         self.workers = workers                 # address -> description, matching only
         self.notes = notes
         self.retried = 0
+        self._seen: set[str] = set(workers)
         # (compile seconds, task seconds on the worker, submit-to-result seconds) per
         # candidate: where a cluster run's time goes (benchmarks/tune_cluster.py).
         self.timings: list[tuple[float, float, float]] = []
@@ -260,25 +261,40 @@ class ClusterMeasurer:
         job = RemoteJob(build, setup, run_id, build_timeout, key.target, key.compiler)
         env = {"POLYTILE_CACHE_DIR": str(build.config.cache_dir)}
         with connect(cluster, env) as client:
-            # Client.run calls outside a task, where a worker does not know its address.
-            described = {a: dataclasses.replace(w, address=a)
-                         for a, w in client.run(describe_worker, job).items()}
-            workers = {a: w for a, w in described.items() if not w.mismatch(job)}
-            notes = [f"{w.name()} skipped: {w.mismatch(job)}"
-                     for w in described.values() if w.mismatch(job)]
-            if not workers:
-                raise ArgumentError(
-                    "no worker of the cluster measures for this key's hardware:\n  "
-                    + "\n  ".join(notes),
-                    hint="tune on workers with the client's CPU and C compiler, or choose "
-                         "their target with --target")
-            job_future = client.scatter(job, broadcast=True, hash=False)
-            measurer = ClusterMeasurer(client, job, job_future, workers, notes)
+            measurer = ClusterMeasurer(client, job, None, {}, [])
+            measurer.refresh_workers()
+            measurer._job_future = client.scatter(job, broadcast=True, hash=False)
             try:
                 yield measurer
             finally:
                 with contextlib.suppress(Exception):  # a worker gone has none open
                     client.run(close_runners, run_id)
+
+    def refresh_workers(self) -> None:
+        """Describe the workers not seen yet (at the start, and ones that joined or
+        were restarted since) and forget those that left; an error if none is left
+        that measures for the key."""
+        live = set(self.client.scheduler_info()["workers"])
+        for gone in set(self.workers) - live:
+            del self.workers[gone]
+        new = sorted(live - self._seen)
+        if new:
+            # Client.run calls outside a task, where a worker does not know its address.
+            described = self.client.run(describe_worker, self.job, workers=new,
+                                        on_error="ignore")
+            for address, w in described.items():
+                w = dataclasses.replace(w, address=address)
+                self._seen.add(address)
+                if w.mismatch(self.job):
+                    self.notes.append(f"{w.name()} skipped: {w.mismatch(self.job)}")
+                else:
+                    self.workers[address] = w
+        if not self.workers:
+            raise ArgumentError(
+                "no worker of the cluster measures for this key's hardware:\n  "
+                + "\n  ".join(self.notes or ["(no workers)"]),
+                hint="tune on workers with the client's CPU and C compiler, or choose "
+                     "their target with --target")
 
     def _submit(self, options: Options, prune: float | None,
                 avoid: frozenset[str] = frozenset()) -> Any:
@@ -290,6 +306,7 @@ class ClusterMeasurer:
                 deadline: float) -> list[Outcome | None]:
         """One Outcome per candidate, in order; None for those the budget cut off."""
         distributed = distributed_module()
+        self.refresh_workers()
         submitted = time.monotonic()
         futures = {self._submit(c, prune_seconds): k for k, c in enumerate(candidates)}
         outcomes: list[Outcome | None] = [None] * len(candidates)

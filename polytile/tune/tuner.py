@@ -202,7 +202,8 @@ def tune_spec(compiler: Compiler, spec: Specialized, inputs: dict[str, np.ndarra
             session.cluster = stack.enter_context(ClusterMeasurer.start(
                 settings.cluster, session.job, setup, key, session.run_id,
                 settings.build_timeout))
-            session.notes.extend(session.cluster.notes)
+            # The measurer adds to this list when a worker is skipped later on.
+            session.notes = session.cluster.notes
             for note in session.cluster.notes:
                 session.progress.note(note)
         else:
