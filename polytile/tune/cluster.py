@@ -56,7 +56,8 @@ from polytile.tune.options import Options
 from polytile.tune.runner import RunnerSetup, RunReport
 
 _LOCAL = re.compile(r"local:(\d+)")
-_START_SECONDS = 60.0          # for workers to join a scheduler
+_CONNECT_SECONDS = 20.0        # to reach a scheduler (Dask retries a refused connection)
+_START_SECONDS = 60.0          # for workers to join it
 
 
 def distributed_module() -> Any:
@@ -230,7 +231,7 @@ def connect(cluster: Any, env: dict[str, str] | None = None) -> Iterator[Any]:
         raise ArgumentError(f"cluster {spec!r} is neither local:N nor a scheduler address",
                             hint="e.g. --cluster local:2 or --cluster tcp://host:8786")
     try:
-        client = distributed.Client(spec, timeout=_START_SECONDS)
+        client = distributed.Client(spec, timeout=_CONNECT_SECONDS)
     except (OSError, TimeoutError) as e:
         raise ArgumentError(f"cannot reach the Dask scheduler at {spec}: {e}",
                             hint="start one with `dask scheduler` and workers with "
