@@ -185,7 +185,10 @@ def test_a_worker_of_other_hardware_is_reported_and_skipped(
     first, second = sorted(_pids(client))
     client.run(_pretend_other_hardware, workers=[second])
     mod = polytile.define(TMM, config=config)
-    result = polytile.tune(mod.tmm, *tmm_args, cluster=client, population=4, candidates=4,
+    # By the scheduler's address, as `--cluster tcp://...` connects.
+    address = client.scheduler.address
+    assert address.startswith("tcp://")
+    result = polytile.tune(mod.tmm, *tmm_args, cluster=address, population=4, candidates=4,
                            confirm=0, budget=120, progress=False)
     assert result.candidates == 4 and result.rejected == {}
     (note,) = result.notes
