@@ -6,10 +6,12 @@
 The search stays on the client: the tuner (polytile.tune.tuner) hands each generation to
 `ClusterMeasurer.measure`, which submits one Dask task per candidate. A task
 (`measure_on_worker`) does on its worker what the local tuner does here, with the same
-functions: `build_one` compiles the candidate into the worker's compilation cache and
-`measure_build` checks it against the reference output and times it in the worker's
-profiling process (polytile.tune.runner), so a crashing or hanging kernel takes down that
-process only, never the worker. Workers should run one thread each (`local:N` does):
+functions: `build_one` compiles the candidate into the worker's compilation cache (in
+the worker's build process, measure.BuildProcess: a Dask task runs in a thread, where the
+compile timeout cannot fire) and `measure_build` checks it against the reference output
+and times it in the worker's profiling process (polytile.tune.runner). A compile that
+hangs or crashes, or a kernel that does, takes down one of those processes, which is
+started again; never the worker. Workers should run one thread each (`local:N` does):
 two candidates timed at once on one machine would slow each other.
 
 Hardware never mixes. Before the first generation every worker describes itself
@@ -46,9 +48,9 @@ from polytile.errors import ArgumentError, PolytileError
 from polytile.tune.measure import (
     Build,
     BuildJob,
+    BuildProcess,
     Outcome,
     Runner,
-    build_one,
     measure_build,
     measure_rounds,
 )
@@ -145,9 +147,9 @@ def measure_on_worker(job: RemoteJob, options: Options,
     if worker.mismatch(job):
         return RemoteOutcome(Build(options, "target-mismatch"),
                              RunReport("target-mismatch", detail=worker.mismatch(job)), worker)
-    build_job = dataclasses.replace(job.build, config=worker_config(job))
-    build = build_one(build_job, options, job.build_timeout)
-    report = measure_build(_runner(job), build, prune_seconds)
+    builder, runner = _processes(job)
+    build = builder.build(options, job.build_timeout)
+    report = measure_build(runner, build, prune_seconds)
     return RemoteOutcome(dataclasses.replace(build, fn=None), report, worker,
                          time.perf_counter() - start)
 
@@ -157,37 +159,40 @@ def confirm_on_worker(job: RemoteJob, candidates: Sequence[Options], rounds: int
     """The confirmation rounds (polytile.tune.tuner) on one worker, so that the
     contenders are compared on one machine; built again here (cache hits where this
     worker built them)."""
-    build_job = dataclasses.replace(job.build, config=worker_config(job))
-    builds = [build_one(build_job, o, job.build_timeout) for o in candidates]
+    builder, runner = _processes(job)
+    builds = [builder.build(o, job.build_timeout) for o in candidates]
     ok = [b for b in builds if b.status == "ok"]
-    reports = measure_rounds(_runner(job), ok, rounds, seconds) if ok else {}
+    reports = measure_rounds(runner, ok, rounds, seconds) if ok else {}
     return {o.text(): reports.get(b.program, []) for o, b in zip(candidates, builds)}
 
 
-# One profiling process per (run, worker thread): Runner's child dies with the thread
-# that started it (polytile.tune.lifetime).
-_RUNNERS: dict[tuple[str, int], Runner] = {}
-_RUNNERS_LOCK = threading.Lock()
+# A build process and a profiling process per (run, worker thread): their children die
+# with the thread that started them (polytile.tune.lifetime).
+_PROCESSES: dict[tuple[str, int], tuple[BuildProcess, Runner]] = {}
+_PROCESSES_LOCK = threading.Lock()
 
 
-def _runner(job: RemoteJob) -> Runner:
+def _processes(job: RemoteJob) -> tuple[BuildProcess, Runner]:
     me = (job.run_id, threading.get_ident())
-    with _RUNNERS_LOCK:
-        runner = _RUNNERS.get(me)
-        if runner is None:
-            # A run that ended without closing its runners (its client died) leaves them.
-            for old in [k for k in _RUNNERS if k[1] == me[1]]:
-                _RUNNERS.pop(old).close()
-            runner = _RUNNERS[me] = Runner(job.setup)
-        return runner
+    with _PROCESSES_LOCK:
+        pair = _PROCESSES.get(me)
+        if pair is None:
+            # A run that ended without closing them (its client died) leaves them.
+            for old in [k for k in _PROCESSES if k[1] == me[1]]:
+                for process in _PROCESSES.pop(old):
+                    process.close()
+            build_job = dataclasses.replace(job.build, config=worker_config(job))
+            pair = _PROCESSES[me] = (BuildProcess(build_job), Runner(job.setup))
+        return pair
 
 
 def close_runners(run_id: str) -> int:
-    """Stop this worker's profiling processes of run `run_id` (via Client.run)."""
-    with _RUNNERS_LOCK:
-        mine = [k for k in _RUNNERS if k[0] == run_id]
+    """Stop this worker's build and profiling processes of run `run_id` (Client.run)."""
+    with _PROCESSES_LOCK:
+        mine = [k for k in _PROCESSES if k[0] == run_id]
         for k in mine:
-            _RUNNERS.pop(k).close()
+            for process in _PROCESSES.pop(k):
+                process.close()
     return len(mine)
 
 

@@ -45,7 +45,7 @@ from polytile.sema.specialize import Specialized
 from polytile.targets.target import Target
 from polytile.tune.lifetime import die_with_parent
 from polytile.tune.options import Options
-from polytile.tune.runner import RunnerSetup, RunReport, recv, send
+from polytile.tune.runner import RunReport, recv, send
 
 _KILL_GRACE_SECONDS = 10.0
 
@@ -206,7 +206,11 @@ def _kill_workers(pool: cf.ProcessPoolExecutor) -> None:
 class Runner:
     """The profiling process, restarted after a candidate kills it."""
 
-    def __init__(self, setup: RunnerSetup, start_timeout: float = 300.0):
+    # The child's entry point (module, function) and what it is called in errors.
+    entry = ("polytile.tune.runner", "main")
+    role = "profiling process"
+
+    def __init__(self, setup: Any, start_timeout: float = 300.0):
         self.setup = setup
         self.start_timeout = start_timeout
         self._proc: subprocess.Popen[bytes] | None = None
@@ -252,8 +256,9 @@ class Runner:
     def _start(self) -> None:
         # Kept open for the process's lifetime: a crash report reads its tail.
         self._stderr = tempfile.TemporaryFile()  # noqa: SIM115
-        command = [sys.executable, "-c", ("from polytile.tune.runner import main; "
-                                          f"main(parent={os.getpid()})")]
+        module, function = self.entry
+        command = [sys.executable, "-c", (f"from {module} import {function}; "
+                                          f"{function}(parent={os.getpid()})")]
         self._proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                       stderr=self._stderr, bufsize=0)
         assert self._proc.stdin is not None
@@ -265,8 +270,8 @@ class Runner:
         if ready != "ready":
             detail = self._stderr_tail()
             self._kill()
-            raise PolytileError(f"the profiling process did not start: {detail}",
-                                hint="run `python -c 'from polytile.tune.runner import main'` "
+            raise PolytileError(f"the {self.role} did not start: {detail}",
+                                hint=f"run `python -c 'from {module} import {function}'` "
                                      "to see why it cannot start")
 
     def _receive(self, timeout: float) -> Any:
@@ -319,3 +324,52 @@ class Runner:
         size = self._stderr.tell()
         self._stderr.seek(max(0, size - 600))
         return self._stderr.read().decode(errors="replace").strip()
+
+
+class BuildProcess(Runner):
+    """A child process that compiles candidates one at a time with `build_one`, in its
+    main thread, where the compile timeout (SIGALRM) works. A Dask worker runs its tasks
+    in threads, so it compiles here (polytile.tune.cluster): a compile that hangs or
+    crashes costs this process, which is killed and started again, not the worker."""
+
+    entry = ("polytile.tune.measure", "build_main")
+    role = "build process"
+
+    def build(self, options: Options, timeout: float) -> Build:
+        if self._proc is None:
+            self._start()
+        assert self._proc is not None and self._proc.stdin is not None
+        start = time.perf_counter()
+        try:
+            send(self._proc.stdin.fileno(), (options, timeout))
+            reply = self._receive(timeout + _KILL_GRACE_SECONDS)
+        except (EOFError, OSError):
+            report = self._died()
+            return Build(options, "compile-error", seconds=time.perf_counter() - start,
+                         detail=f"the build process died: {report.detail}")
+        if reply is None:
+            self._kill()
+            return Build(options, "compile-timeout", seconds=time.perf_counter() - start,
+                         detail=f"the build process did not answer within {timeout:g} s")
+        return reply  # type: ignore[no-any-return]
+
+
+def build_main(parent: int | None = None) -> None:
+    """The build process: a BuildJob, answered by "ready"; then (options, timeout)
+    pairs, each answered by a Build; None ends it. Protocol as polytile.tune.runner's."""
+    if parent is not None:
+        die_with_parent(parent)
+    out = os.dup(1)
+    os.dup2(2, 1)           # anything a compile prints goes to stderr
+    stdin = sys.stdin.buffer
+    job: BuildJob = recv(stdin)
+    send(out, "ready")
+    while True:
+        try:
+            request = recv(stdin)
+        except EOFError:
+            return
+        if request is None:
+            return
+        options, timeout = request
+        send(out, build_one(job, options, timeout))

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -22,6 +21,7 @@ from polytile.passes.schedule import Schedule
 from polytile.tune.database import TuningDatabase
 from polytile.tune.options import Options
 
+from . import cluster_faults as faults
 from .conftest import TMM
 
 distributed = pytest.importorskip(
@@ -44,69 +44,6 @@ def client(config: Config) -> Iterator[Any]:
 
 def _pids(client: Any) -> dict[str, int]:
     return client.run(os.getpid)  # type: ignore[no-any-return]
-
-
-# ------------------------------------------------------------ run inside a worker
-def _die_in_first_candidate() -> None:
-    """This worker is SIGKILLed as soon as it starts measuring a candidate."""
-    from polytile.tune import cluster
-
-    def die(*args: Any) -> Any:
-        os.kill(os.getpid(), signal.SIGKILL)
-    cluster.measure_on_worker = die  # type: ignore[assignment]
-
-
-def _pretend_other_hardware() -> None:
-    """This worker's host reports other cache sizes (so another Target.identity), and
-    counts the candidates it is given."""
-    from polytile.targets import target
-    from polytile.tune import cluster
-    target.host_caches = lambda: {"L1": 16 << 10, "L2": 128 << 10}  # type: ignore[assignment]
-    real = cluster.measure_on_worker
-    calls = [0]
-
-    def counting(*args: Any) -> Any:
-        calls[0] += 1
-        return real(*args)
-    counting.calls = calls  # type: ignore[attr-defined]
-    cluster.measure_on_worker = counting  # type: ignore[assignment]
-
-
-def _candidates_given() -> int:
-    from polytile.tune import cluster
-    return int(getattr(cluster.measure_on_worker, "calls", [0])[0])
-
-
-BEHAVIOUR = {3: "crash", 5: "wrong", 6: "hang"}
-
-
-def _misbehave_by_unroll() -> None:
-    """Candidates whose s0 register tile along i1 is 3, 5 or 6 crash, compute a wrong
-    result or hang (as in test_tuning, here on a worker)."""
-    import polytile.backends.c_x86 as codegen
-    from polytile.codegen.c import CSource
-    from polytile.tune import measure
-    real_build, real_print = measure.build_one, codegen.print_c
-    current: dict[str, str | None] = {"behaviour": None}
-
-    def build_one(job: Any, options: Options, timeout: float) -> Any:
-        s0 = options.schedule("s0")
-        current["behaviour"] = (BEHAVIOUR.get(dict(s0.unroll).get("i1", 1))
-                                if s0 is not None else None)
-        return real_build(job, options, timeout)
-
-    def print_c(kernel: Any, symbol: Any = None) -> Any:
-        source = real_print(kernel, symbol)
-        bad = {"crash": "*(volatile int *)0 = 0;",
-               "wrong": "((float *)args[2])[0] += 1.0f;",
-               "hang": "for (volatile int spin = 1; spin;) {}"}.get(current["behaviour"] or "")
-        if bad is None:
-            return source
-        return CSource(source.text.replace("return pt_status;", bad + " return pt_status;"),
-                       source.symbol)
-    codegen.print_c = print_c
-    from polytile.tune import cluster
-    cluster.build_one = build_one  # type: ignore[assignment]
 
 
 # ------------------------------------------------------------ tests
@@ -163,7 +100,7 @@ def test_a_worker_killed_while_measuring_loses_nothing(
         client: Any, config: Config, tmm_args: tuple[np.ndarray, np.ndarray]) -> None:
     first, second = sorted(_pids(client))
     before = _pids(client)
-    client.run(_die_in_first_candidate, workers=[second])
+    client.run(faults.die_in_first_candidate, workers=[second])
     mod = polytile.define(TMM, config=config)
     result = polytile.tune(mod.tmm, *tmm_args, cluster=client, population=4, candidates=4,
                            confirm=0, budget=120, progress=False)
@@ -183,7 +120,7 @@ def test_a_worker_killed_while_measuring_loses_nothing(
 def test_a_worker_of_other_hardware_is_reported_and_skipped(
         client: Any, config: Config, tmm_args: tuple[np.ndarray, np.ndarray]) -> None:
     first, second = sorted(_pids(client))
-    client.run(_pretend_other_hardware, workers=[second])
+    client.run(faults.pretend_other_hardware, workers=[second])
     mod = polytile.define(TMM, config=config)
     # By the scheduler's address, as `--cluster tcp://...` connects.
     address = client.scheduler.address
@@ -193,26 +130,37 @@ def test_a_worker_of_other_hardware_is_reported_and_skipped(
     assert result.candidates == 4 and result.rejected == {}
     (note,) = result.notes
     assert second in note and "skipped: its target is cpu-" in note and "L2=128K" in note
-    assert client.run(_candidates_given, workers=[second])[second] == 0
+    assert client.run(faults.candidates_given, workers=[second])[second] == 0
     # With no worker of the key's hardware left, the run is refused and says why.
-    client.run(_pretend_other_hardware, workers=[first])
+    client.run(faults.pretend_other_hardware, workers=[first])
     with pytest.raises(ArgumentError, match="no worker of the cluster measures"):
         polytile.tune(mod.tmm, *tmm_args, cluster=client, candidates=2, progress=False)
 
 
+@pytest.fixture
+def faulty_client(config: Config) -> Iterator[Any]:
+    """Two workers whose build and profiling processes misbehave (cluster_faults)."""
+    from polytile.tune.cluster import connect
+    hooks = Path(__file__).parent / "cluster_hooks"
+    path = os.pathsep.join([str(hooks), str(ROOT), os.environ.get("PYTHONPATH", "")])
+    with connect("local:2", {"POLYTILE_CACHE_DIR": str(config.cache_dir),
+                             "PT_TEST_CLUSTER_FAULTS": "1", "PYTHONPATH": path}) as c:
+        yield c
+
+
 @pytest.mark.slow
 def test_crashing_wrong_and_hanging_candidates_are_rejected_on_workers(
-        client: Any, config: Config, tmm_args: tuple[np.ndarray, np.ndarray]) -> None:
-    pids = _pids(client)
-    client.run(_misbehave_by_unroll)
+        faulty_client: Any, config: Config, tmm_args: tuple[np.ndarray, np.ndarray]) -> None:
+    pids = _pids(faulty_client)
     mod = polytile.define(TMM, config=config)
-    start = [_schedule(u) for u in (3, 5, 6, 2)]
-    result = polytile.tune(mod.tmm, *tmm_args, cluster=client, start=start, population=5,
-                           candidates=5, confirm=0, run_timeout=4, budget=120, progress=False)
+    start = [_schedule(u) for u in (3, 5, 6, 4, 2)]
+    result = polytile.tune(mod.tmm, *tmm_args, cluster=faulty_client, start=start,
+                           population=6, candidates=6, confirm=0, run_timeout=4,
+                           build_timeout=4, budget=120, progress=False)
     rows = TuningDatabase.of(config).measurements(result.key)
-    status = {dict(Options.from_json(r["options"]).schedule("s0").unroll).get("i1", 1):
-              r["status"] for r in rows}
-    assert status[3] == "crash" and status[5] == "wrong" and status[6] == "timeout"
-    assert result.best is not None
-    assert BEHAVIOUR.get(dict(result.best.schedule("s0").unroll).get("i1", 1)) is None
-    assert _pids(client) == pids               # the kernels died, not the workers
+    status = {faults.behaviour(Options.from_json(r["options"])): r["status"] for r in rows}
+    assert status["crash"] == "crash" and status["wrong"] == "wrong"
+    assert status["hang"] == "timeout" and status["compile-hang"] == "compile-timeout"
+    assert status[None] == "ok"
+    assert result.best is not None and faults.behaviour(result.best) is None
+    assert _pids(faulty_client) == pids        # the kernels and compiles died, not the workers
