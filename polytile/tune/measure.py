@@ -11,6 +11,9 @@ is already built when a later call asks for it. A compile that raises is a
 the worker, which also stops the C compiler it waits for; a worker stuck where no
 signal reaches is killed with its pool).
 
+BuildProcess: `build_one` in a child process of its own, for a caller that runs in a
+thread (a Dask worker, polytile.tune.cluster), where SIGALRM cannot stop a compile.
+
 Runner: one profiling process (polytile.tune.runner) at a time, fed one candidate
 at a time, so candidates never compete for the cores. A candidate that kills it
 (segfault, abort) is a "crash"; one that does not answer in time is a "timeout",
