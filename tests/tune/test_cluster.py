@@ -95,7 +95,7 @@ def test_a_cluster_tune_completes_and_a_fresh_process_uses_it_without_compiling(
         assert f"{name}:{schedule.text()}" in found["options"]
 
 
-@pytest.mark.slow
+# Not marked slow (8-20 s here, under load): issue 18 asks CI to show a lost worker survived.
 def test_a_worker_killed_while_measuring_loses_nothing(
         client: Any, config: Config, tmm_args: tuple[np.ndarray, np.ndarray]) -> None:
     first, second = sorted(_pids(client))
