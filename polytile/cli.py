@@ -8,8 +8,9 @@
     polytile instructions [FILE.tc --sizes M=64,K=64 [--function NAME]]
     polytile sanitize [--with address,undefined] -- COMMAND [ARGS...]
     polytile tune FILE.tc --sizes M=1024,K=1024,N=1024 [--budget 2m] [--strategy genetic|random]
+                  [--cluster tcp://host:8786|local:N]
     polytile cache info|clear [--tuning]
-    polytile cache export FILE | import FILE
+    polytile cache export [--target T] FILE | import FILE
     polytile cache inject FILE.tc --sizes ... --options JSON|@FILE [--function NAME]
     polytile bench [--quick] [--only NAME[,NAME]] [--latency | --training | --fusion] [--write [FILE]] [--repeats N]
                    [--no-compile]
@@ -399,6 +400,10 @@ def main(argv: list[str] | None = None) -> int:
     tune.add_argument("--seed", type=int, default=0)
     tune.add_argument("--target", default=None, help="e.g. cpu-avx2 (default: the host's best)")
     tune.add_argument("--quiet", action="store_true", help="no progress line")
+    tune.add_argument("--cluster", default=None, metavar="ADDRESS|local:N",
+                      help="compile and measure candidates on Dask workers: a scheduler "
+                           "address (tcp://host:8786) or local:N worker processes "
+                           "(needs the cluster extra)")
     tune.set_defaults(run=cmd_tune)
     cache = sub.add_parser("cache", help="the compilation cache and the tuning database")
     actions = cache.add_subparsers(dest="action", required=True)
@@ -408,7 +413,11 @@ def main(argv: list[str] | None = None) -> int:
                        help="also delete every tuned entry and measurement")
     export = actions.add_parser("export", help="write the tuning database as JSON")
     export.add_argument("file", help="output file, or - for standard output")
-    load = actions.add_parser("import", help="merge a JSON export into the tuning database")
+    export.add_argument("--target", default=None,
+                        help="only entries for this target: a name (cpu-avx2) or an identity "
+                             "as `polytile cache info` lists it")
+    load = actions.add_parser("import", help="merge a JSON export into the tuning database "
+                              "(only entries measured on this machine's hardware)")
     load.add_argument("file", help="a file written by `polytile cache export`, or -")
     inject = actions.add_parser("inject", help="store hand-written options for a function "
                                 "and sizes (used until tuning finds faster ones)")

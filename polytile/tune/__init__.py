@@ -13,6 +13,7 @@
 | runner      | the profiling process itself: check once, time, rotate inputs |
 | database    | SQLite: every measurement, the best options per key           |
 | tuner       | one run, wired together                                       |
+| cluster     | the same per-candidate step on Dask workers (`cluster=`)      |
 | command     | `polytile tune` and `polytile cache export|import|inject`     |
 
 The package is callable so that `polytile.tune(...)` and `polytile.tune.search` can

@@ -1,12 +1,15 @@
 """`polytile tune` and the tuning side of `polytile cache`.
 
     polytile tune FILE.tc --sizes M=1024,K=1024,N=1024 --budget 2m [--strategy genetic|random]
-    polytile cache export FILE.json | import FILE.json
+                  [--cluster tcp://host:8786 | local:N]
+    polytile cache export [--target T] FILE.json | import FILE.json
     polytile cache inject FILE.tc --sizes ... --options '{"schedules": {...}}' | @options.json
 
 `tune` runs on random inputs (floats uniform in [-1, 1), integers in [0, smallest
 size) so that index tensors stay in bounds) and prints the best options, as text and
-as the JSON `inject` takes, and the speedup table.
+as the JSON `inject` takes, and the speedup table. `--cluster` runs the candidates on
+Dask workers (polytile.tune.cluster). `import` takes only the entries measured on this
+machine's hardware (their key's target is the one this host selects for that name).
 """
 from __future__ import annotations
 
@@ -31,6 +34,8 @@ def run_tune(args: argparse.Namespace) -> int:
         raise PolytileError(f"{args.file} defines no function {args.function}")
     settings: dict[str, Any] = {"budget": args.budget, "strategy": args.strategy,
                                 "seed": args.seed, "progress": not args.quiet}
+    if args.cluster is not None:
+        settings["cluster"] = args.cluster
     for name in ("candidates", "population", "generations"):
         if getattr(args, name) is not None:
             settings[name] = getattr(args, name)
@@ -39,6 +44,8 @@ def run_tune(args: argparse.Namespace) -> int:
         arguments = random_arguments(fn, args.sizes or {}, np.random.default_rng(args.seed))
         result = module[fn.name].tune(*arguments, **settings)
         results.append(result)
+        for note in result.notes:
+            print(f"{fn.name}: {note}")
         print(f"{fn.name}: best options")
         print(f"  {result.best.text() if result.best else no_best(result, args.budget)}")
         if result.best:
@@ -94,7 +101,7 @@ def run_cache(args: argparse.Namespace) -> int:
         if args.tuning:
             print(f"removed {db.clear()} tuned entries from {db.path}")
     elif args.action == "export":
-        data = db.export()
+        data = db.export(args.target)
         text = json.dumps(data, indent=1, sort_keys=True)
         if args.file == "-":
             sys.stdout.write(text + "\n")
@@ -111,11 +118,32 @@ def run_cache(args: argparse.Namespace) -> int:
             data = json.loads(_read(args.file))
         except ValueError as e:
             raise ArgumentError(f"{args.file} is not JSON: {e}") from None
-        taken, added = db.import_(data)
+        from polytile.tune.database import only_targets
+        mine, skipped = only_targets(data, runs_here())
+        taken, added = db.import_(mine)
         print(f"imported {taken} tuned entries and {added} measurements into {db.path}")
+        for target, count in sorted(skipped.items()):
+            print(f"skipped {count} entries and measurements for {target}: not this "
+                  "machine's hardware")
     else:
         return _inject(args, config, db)
     return 0
+
+
+def runs_here() -> Any:
+    """identity -> whether it is the Target.identity this host selects for its name."""
+    from polytile.targets.target import select_target
+    mine: dict[str, str | None] = {}
+
+    def keep(identity: str) -> bool:
+        name = identity.split("[")[0]
+        if name not in mine:
+            try:
+                mine[name] = select_target(name).identity
+            except PolytileError:          # an unknown target, or one this host cannot run
+                mine[name] = None
+        return mine[name] == identity
+    return keep
 
 
 def _inject(args: argparse.Namespace, config: Any, db: Any) -> int:

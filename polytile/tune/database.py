@@ -5,6 +5,7 @@
     db.best(key)                                    # BestEntry or None
     db.inject(key, options)                         # a hand-written entry wins until beaten
     data = db.export(); db.clear(); db.import_(data)
+    db.import_(only_targets(data, runs_here)[0])    # what `polytile cache import` does
 
 SQLite (stdlib) in WAL mode: readers never block the writer, and every write is one
 `BEGIN IMMEDIATE` transaction, so concurrent tuners serialize their writes (waiting
@@ -34,7 +35,8 @@ import logging
 import platform
 import sqlite3
 import time
-from collections.abc import Iterator, Sequence
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -97,6 +99,7 @@ class Measurement:
     median: float | None = None  # seconds per call
     spread: float | None = None  # p90 - p10, seconds
     detail: str = ""             # why it was rejected
+    host: str = ""               # the machine that measured it ("": this one)
 
 
 @dataclass(frozen=True)
@@ -169,17 +172,18 @@ class TuningDatabase:
                     "INSERT OR IGNORE INTO measurements (key, options, options_json, status, "
                     "median, spread, detail, host, created, run) VALUES (?,?,?,?,?,?,?,?,?,?)",
                     (digest, m.options.text(), m.options.dumps(), m.status, m.median, m.spread,
-                     m.detail[:2000], host, created, run))
+                     m.detail[:2000], m.host or host, created, run))
             ok = [m for m in measurements if m.status == "ok" and m.median is not None]
             if best is not None:
                 conn.execute(_REPLACE_BEST, (digest, best.options.text(), best.options.dumps(),
-                                             best.median, default_median, "tuned", host,
-                                             created))
+                                             best.median, default_median, "tuned",
+                                             best.host or host, created))
             elif ok:
                 fastest = min(ok, key=lambda m: m.median or 0.0)
                 conn.execute(_UPSERT_BEST, (digest, fastest.options.text(),
                                             fastest.options.dumps(), fastest.median,
-                                            default_median, "tuned", host, created))
+                                            default_median, "tuned", fastest.host or host,
+                                            created))
 
     def inject(self, key: TuningKey, options: Options, function: str = "",
                family: str = "") -> None:
@@ -243,11 +247,15 @@ class TuningDatabase:
         return f"tuning database: {self.path}\ntuned keys: {keys}\nmeasurements: {rows}"
 
     # ------------------------------------------------------------ export / import
-    def export(self) -> dict[str, Any]:
-        """Every best entry and measurement as versioned JSON data."""
-        best = [_entry_json(e) for e in self.entries()]
+    def export(self, target: str | None = None) -> dict[str, Any]:
+        """Every best entry and measurement as versioned JSON data; with `target` (a
+        name such as cpu-avx2, or a full Target.identity), only those for it."""
+        best = [_entry_json(e) for e in self.entries()
+                if target is None or target_matches(e.key.target, target)]
+        rows = [r for r in self.measurements()
+                if target is None or target_matches(r["key"]["target"], target)]
         return {"format": EXPORT_FORMAT, "version": EXPORT_VERSION, "exported": now(),
-                "host": host_name(), "best": best, "measurements": self.measurements()}
+                "host": host_name(), "target": target, "best": best, "measurements": rows}
 
     def import_(self, data: Any) -> tuple[int, int]:
         """Merge exported data: measurements are added (once), and an imported best
@@ -288,6 +296,29 @@ class TuningDatabase:
                      str(item.get("host", "")), str(item.get("updated", now()))))
                 taken += cur.rowcount
         return taken, added
+
+
+def target_matches(identity: str, wanted: str) -> bool:
+    """Whether a key's Target.identity is `wanted`: that identity, or its target name."""
+    return identity == wanted or identity.split("[")[0] == wanted
+
+
+def only_targets(data: Any, keep: Callable[[str], bool]) -> tuple[dict[str, Any], Counter[str]]:
+    """Exported `data` (checked first, as import_ does) without the entries and
+    measurements whose key's target `keep` refuses; and how many rows of each refused
+    target were left out. `polytile cache import` keeps this machine's hardware only:
+    a time measured on other hardware says nothing about this one."""
+    best, rows = _validate_export(data)
+    skipped: Counter[str] = Counter()
+    kept: dict[str, list[dict[str, Any]]] = {"best": [], "measurements": []}
+    for name, items in (("best", best), ("measurements", rows)):
+        for item in items:
+            target = _key_from_json(item["key"]).target
+            if keep(target):
+                kept[name].append(item)
+            else:
+                skipped[target] += 1
+    return {**data, **kept}, skipped
 
 
 def lookup(config: Config, key: TuningKey) -> dict[str, Any] | None:

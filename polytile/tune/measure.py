@@ -11,6 +11,9 @@ is already built when a later call asks for it. A compile that raises is a
 the worker, which also stops the C compiler it waits for; a worker stuck where no
 signal reaches is killed with its pool).
 
+BuildProcess: `build_one` in a child process of its own, for a caller that runs in a
+thread (a Dask worker, polytile.tune.cluster), where SIGALRM cannot stop a compile.
+
 Runner: one profiling process (polytile.tune.runner) at a time, fed one candidate
 at a time, so candidates never compete for the cores. A candidate that kills it
 (segfault, abort) is a "crash"; one that does not answer in time is a "timeout",
@@ -32,6 +35,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -44,7 +48,7 @@ from polytile.sema.specialize import Specialized
 from polytile.targets.target import Target
 from polytile.tune.lifetime import die_with_parent
 from polytile.tune.options import Options
-from polytile.tune.runner import RunnerSetup, RunReport, recv, send
+from polytile.tune.runner import RunReport, recv, send
 
 _KILL_GRACE_SECONDS = 10.0
 
@@ -76,6 +80,15 @@ class Build:
     detail: str = ""
 
 
+@dataclass(frozen=True)
+class Outcome:
+    """A candidate's build and its measurement, and where it was measured."""
+
+    build: Build
+    report: RunReport
+    host: str = ""             # "": this machine
+
+
 class _CompileTimeout(BaseException):
     """Raised by SIGALRM in a worker; a BaseException so no `except Exception` eats it."""
 
@@ -95,10 +108,14 @@ def _on_alarm(signum: int, frame: Any) -> None:
 
 
 def build_one(job: BuildJob, options: Options, timeout: float) -> Build:
-    """Compile one candidate (in a worker, or in the caller's process)."""
+    """Compile one candidate (in a worker process, a Dask worker, or the caller)."""
     from polytile.compile import Compiler
-    previous = signal.signal(signal.SIGALRM, _on_alarm)
-    signal.setitimer(signal.ITIMER_REAL, timeout)
+    # Signals reach the main thread only: a Dask worker (polytile.tune.cluster) compiles
+    # in a task thread, where the caller's deadline bounds a compile instead.
+    alarm = threading.current_thread() is threading.main_thread()
+    if alarm:
+        previous = signal.signal(signal.SIGALRM, _on_alarm)
+        signal.setitimer(signal.ITIMER_REAL, timeout)
     start = time.perf_counter()
     try:
         built = Compiler(job.config, job.target, options=options.pass_options()).build(job.spec)
@@ -111,8 +128,36 @@ def build_one(job: BuildJob, options: Options, timeout: float) -> Build:
         return Build(options, "compile-error", seconds=time.perf_counter() - start,
                      detail=f"{type(e).__name__}: {e}"[:2000])
     finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
+        if alarm:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous)
+
+
+def measure_build(runner: Runner, build: Build, prune_seconds: float | None = None
+                  ) -> RunReport:
+    """Check and time one candidate: a failed build becomes its report. The one
+    per-candidate step of both the local tuner and a cluster worker."""
+    if build.status != "ok":
+        return RunReport(build.status, detail=build.detail)
+    return runner.run(build, prune_seconds)
+
+
+def measure_rounds(runner: Runner, builds: Sequence[Build], rounds: int,
+                   seconds: float) -> dict[str, list[RunReport]]:
+    """Each build measured `rounds` times, in turns that start at a different build
+    each round (so drift in the machine's speed spreads over all of them); rounds
+    after the first only while `seconds` last. Reports of successful runs, by program."""
+    deadline = time.monotonic() + seconds
+    reports: dict[str, list[RunReport]] = {b.program: [] for b in builds}
+    for k in range(rounds):
+        if k and time.monotonic() >= deadline:
+            break
+        turn = list(builds)
+        for b in turn[k % len(turn):] + turn[:k % len(turn)]:
+            report = runner.run(b)
+            if report.status == "ok" and report.median is not None:
+                reports[b.program].append(report)
+    return reports
 
 
 def _build_in_worker(options: Options, timeout: float) -> Build:
@@ -164,7 +209,11 @@ def _kill_workers(pool: cf.ProcessPoolExecutor) -> None:
 class Runner:
     """The profiling process, restarted after a candidate kills it."""
 
-    def __init__(self, setup: RunnerSetup, start_timeout: float = 300.0):
+    # The child's entry point (module, function) and what it is called in errors.
+    entry = ("polytile.tune.runner", "main")
+    role = "profiling process"
+
+    def __init__(self, setup: Any, start_timeout: float = 300.0):
         self.setup = setup
         self.start_timeout = start_timeout
         self._proc: subprocess.Popen[bytes] | None = None
@@ -210,8 +259,9 @@ class Runner:
     def _start(self) -> None:
         # Kept open for the process's lifetime: a crash report reads its tail.
         self._stderr = tempfile.TemporaryFile()  # noqa: SIM115
-        command = [sys.executable, "-c", "from polytile.tune.runner import main; "
-                   f"main(parent={os.getpid()})"]
+        module, function = self.entry
+        command = [sys.executable, "-c", (f"from {module} import {function}; "
+                                          f"{function}(parent={os.getpid()})")]
         self._proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                       stderr=self._stderr, bufsize=0)
         assert self._proc.stdin is not None
@@ -223,8 +273,8 @@ class Runner:
         if ready != "ready":
             detail = self._stderr_tail()
             self._kill()
-            raise PolytileError(f"the profiling process did not start: {detail}",
-                                hint="run `python -c 'from polytile.tune.runner import main'` "
+            raise PolytileError(f"the {self.role} did not start: {detail}",
+                                hint=f"run `python -c 'from {module} import {function}'` "
                                      "to see why it cannot start")
 
     def _receive(self, timeout: float) -> Any:
@@ -277,3 +327,52 @@ class Runner:
         size = self._stderr.tell()
         self._stderr.seek(max(0, size - 600))
         return self._stderr.read().decode(errors="replace").strip()
+
+
+class BuildProcess(Runner):
+    """A child process that compiles candidates one at a time with `build_one`, in its
+    main thread, where the compile timeout (SIGALRM) works. A Dask worker runs its tasks
+    in threads, so it compiles here (polytile.tune.cluster): a compile that hangs or
+    crashes costs this process, which is killed and started again, not the worker."""
+
+    entry = ("polytile.tune.measure", "build_main")
+    role = "build process"
+
+    def build(self, options: Options, timeout: float) -> Build:
+        if self._proc is None:
+            self._start()
+        assert self._proc is not None and self._proc.stdin is not None
+        start = time.perf_counter()
+        try:
+            send(self._proc.stdin.fileno(), (options, timeout))
+            reply = self._receive(timeout + _KILL_GRACE_SECONDS)
+        except (EOFError, OSError):
+            report = self._died()
+            return Build(options, "compile-error", seconds=time.perf_counter() - start,
+                         detail=f"the build process died: {report.detail}")
+        if reply is None:
+            self._kill()
+            return Build(options, "compile-timeout", seconds=time.perf_counter() - start,
+                         detail=f"the build process did not answer within {timeout:g} s")
+        return reply  # type: ignore[no-any-return]
+
+
+def build_main(parent: int | None = None) -> None:
+    """The build process: a BuildJob, answered by "ready"; then (options, timeout)
+    pairs, each answered by a Build; None ends it. Protocol as polytile.tune.runner's."""
+    if parent is not None:
+        die_with_parent(parent)
+    out = os.dup(1)
+    os.dup2(2, 1)           # anything a compile prints goes to stderr
+    stdin = sys.stdin.buffer
+    job: BuildJob = recv(stdin)
+    send(out, "ready")
+    while True:
+        try:
+            request = recv(stdin)
+        except EOFError:
+            return
+        if request is None:
+            return
+        options, timeout = request
+        send(out, build_one(job, options, timeout))

@@ -44,6 +44,10 @@ class Progress:
         if self._tty():
             self._write("\r" + self.line() + "\x1b[K")
 
+    def note(self, text: str) -> None:
+        """A line of its own, e.g. a cluster worker skipped for its hardware."""
+        self._write(f"{self.label}: {text}\n")
+
     def end_generation(self, generation: int) -> None:
         self.generation = generation
         self._write(("\r" if self._tty() else "") + self.line() + ("\x1b[K" if self._tty()

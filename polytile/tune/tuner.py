@@ -18,6 +18,7 @@ the best entry up through Compiler(tuned=...).
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import re
@@ -39,7 +40,17 @@ from polytile.sema.canonical import alpha_rename, canonical
 from polytile.sema.printer import format_function
 from polytile.sema.specialize import Specialized
 from polytile.tune.database import Measurement, TuningDatabase
-from polytile.tune.measure import Build, BuildJob, BuildSettings, Runner, build_all
+from polytile.tune.measure import (
+    Build,
+    BuildJob,
+    BuildSettings,
+    Outcome,
+    Runner,
+    build_all,
+    build_one,
+    measure_build,
+    measure_rounds,
+)
 from polytile.tune.options import Options
 from polytile.tune.progress import Progress, format_seconds
 from polytile.tune.runner import RunnerSetup, RunReport, RunSettings
@@ -69,6 +80,9 @@ class TuneSettings:
     confirm_share: float = 0.15        # of the budget, kept for the confirmation
     min_gain: float = 0.03             # a winner must beat the default by this, confirmed
     progress: bool = True
+    # Where candidates run: None (this machine), "local:N" (a Dask LocalCluster of N
+    # worker processes), a scheduler address "tcp://host:8786", or a distributed.Client.
+    cluster: Any = None
 
     @staticmethod
     def of(budget: Any = None, candidates: int | None = None, **kw: Any) -> TuneSettings:
@@ -132,6 +146,7 @@ class TuneResult:
     generations: int
     seconds: float
     stopped: str
+    notes: tuple[str, ...] = ()        # e.g. cluster workers skipped for their hardware
 
     @property
     def speedup(self) -> float | None:
@@ -184,10 +199,20 @@ def tune_spec(compiler: Compiler, spec: Specialized, inputs: dict[str, np.ndarra
         job=BuildJob(config, compiler.target, spec),
         build=BuildSettings(settings.workers, settings.build_timeout),
         progress=Progress(label or name, deadline, settings.progress),
-        run_id=secrets.token_hex(8), family=family)
+        run_id=secrets.token_hex(8), run_settings=settings.run, family=family)
     setup = _runner_setup(spec, inputs, scalars, outputs, settings.run)
-    with Runner(setup) as runner:
-        session.runner = runner
+    with contextlib.ExitStack() as stack:
+        if settings.cluster is not None:
+            from polytile.tune.cluster import ClusterMeasurer
+            session.cluster = stack.enter_context(ClusterMeasurer.start(
+                settings.cluster, session.job, setup, key, session.run_id,
+                settings.build_timeout))
+            # The measurer adds to this list when a worker is skipped later on.
+            session.notes = session.cluster.notes
+            for note in session.cluster.notes:
+                session.progress.note(note)
+        else:
+            session.runner = stack.enter_context(Runner(setup))
         left = deadline - time.monotonic()
         if settings.confirm:
             left *= 1.0 - settings.confirm_share
@@ -196,10 +221,15 @@ def tune_spec(compiler: Compiler, spec: Specialized, inputs: dict[str, np.ndarra
         if settings.confirm:
             session.confirm(settings.confirm, settings.confirm_rounds, settings.min_gain)
     best = session.best_options
+    if best is not None and session.cluster is not None:
+        # The winner was built on a worker; build it here too, so the next call finds it.
+        built = build_one(session.job, best, settings.build_timeout)
+        if built.status != "ok":
+            session.notes.append(f"the best options do not build here: {built.detail}")
     return TuneResult(key, name, best, session.best_seconds if best else None, space.default,
                       session.default_seconds, session.progress.candidates,
                       dict(session.rejected), result.generations, time.monotonic() - start,
-                      result.stopped)
+                      result.stopped, tuple(session.notes))
 
 
 def program_family(spec: Specialized) -> str:
@@ -243,26 +273,33 @@ class _Session:
     progress: Progress
     run_id: str
     runner: Runner | None = None
+    cluster: Any = None                # a ClusterMeasurer, when workers measure
+    run_settings: RunSettings = field(default_factory=RunSettings)
     family: str = ""
     by_program: dict[str, tuple[Build, RunReport]] = field(default_factory=dict)
     rejected: Counter[str] = field(default_factory=Counter)
     best_options: Options | None = None
     best_seconds: float = math.inf
     default_seconds: float | None = None
+    notes: list[str] = field(default_factory=list)
 
     def evaluate(self, points: list[Point]) -> Sequence[float | None]:
-        candidates = [self.space.decode(p) for p in points]
-        assert all(c is not None for c in candidates), "the search proposed a pruned point"
-        builds = build_all(self.job, [c for c in candidates if c is not None], self.build)
+        decoded = [self.space.decode(p) for p in points]
+        assert all(c is not None for c in decoded), "the search proposed a pruned point"
+        candidates = [c for c in decoded if c is not None]
+        outcomes = (self.cluster.measure(candidates, self._prune_seconds(), self.deadline)
+                    if self.cluster is not None else self._measure_here(candidates))
         costs: list[float | None] = []
         records: list[Measurement] = []
-        for b in builds:
-            if time.monotonic() >= self.deadline:
+        for outcome in outcomes:
+            if outcome is None:             # the budget ran out first
                 costs.append(None)
                 continue
-            report = self._report(b)
+            b, report = outcome.build, outcome.report
             records.append(Measurement(b.options, report.status, report.median,
-                                       report.spread, report.detail))
+                                       report.spread, report.detail, outcome.host))
+            if b.program and report.status == "ok":
+                self.by_program.setdefault(b.program, (b, report))
             ok = report.status == "ok" and report.median is not None
             if b.options == self.space.default and ok:
                 self.default_seconds = report.median
@@ -278,18 +315,30 @@ class _Session:
                            family=self.family)
         return costs
 
+    def _measure_here(self, candidates: list[Options]) -> list[Outcome | None]:
+        """Build in parallel worker processes, then measure one at a time here."""
+        outcomes: list[Outcome | None] = []
+        for b in build_all(self.job, candidates, self.build):
+            if time.monotonic() >= self.deadline:
+                outcomes.append(None)
+            else:
+                outcomes.append(Outcome(b, self._report(b)))
+        return outcomes
+
+    def _prune_seconds(self) -> float | None:
+        """A candidate whose check call takes this long is not timed further."""
+        if math.isinf(self.best_seconds):
+            return None
+        return self.best_seconds * self.run_settings.prune_factor
+
     def _report(self, b: Build) -> RunReport:
-        if b.status != "ok":
-            return RunReport(b.status, detail=b.detail)
-        known = self.by_program.get(b.program)
+        known = self.by_program.get(b.program) if b.status == "ok" else None
         if known is not None:
             return dataclasses.replace(known[1], detail="same kernel as an earlier candidate")
         assert self.runner is not None
-        prune = None
-        if not math.isinf(self.best_seconds):
-            prune = self.best_seconds * self.runner.setup.settings.prune_factor
-        report = self.runner.run(b, prune)
-        self.by_program[b.program] = (b, report)
+        report = measure_build(self.runner, b, self._prune_seconds())
+        if b.status == "ok":
+            self.by_program[b.program] = (b, report)
         return report
 
     def confirm(self, count: int, rounds: int, min_gain: float) -> None:
@@ -306,18 +355,17 @@ class _Session:
                         if b.options == self.space.default), None)
         if default is not None and default not in contenders:
             contenders.append(default)
-        if len(contenders) < 2 or self.runner is None:
+        if len(contenders) < 2:
             return
-        medians: dict[str, list[float]] = {b.program: [] for b in contenders}
-        spreads: dict[str, float | None] = {}
-        for k in range(rounds):
-            if k and time.monotonic() >= self.deadline:
-                break
-            for b in contenders[k % len(contenders):] + contenders[:k % len(contenders)]:
-                report = self.runner.run(b)
-                if report.status == "ok" and report.median is not None:
-                    medians[b.program].append(report.median)
-                    spreads[b.program] = report.spread
+        seconds = self.deadline - time.monotonic()
+        if self.cluster is not None:
+            reports = self.cluster.measure_rounds(contenders, rounds, seconds)
+        else:
+            assert self.runner is not None
+            reports = measure_rounds(self.runner, contenders, rounds, seconds)
+        medians = {p: [r.median for r in rs if r.median is not None]
+                   for p, rs in reports.items()}
+        spreads = {p: rs[-1].spread for p, rs in reports.items() if rs}
         # The minimum over rounds: interference from other work only ever slows a round.
         records = {b.program: Measurement(b.options, "ok", min(medians[b.program]),
                                           spreads.get(b.program),

@@ -44,6 +44,9 @@ def test_the_readme_and_every_doc_page_have_examples() -> None:
 def test_example_runs(name: str, code: str, output: str | None, tmp_path: Path) -> None:
     if re.search(r"^import torch|^import polytile.torch", code, re.M):
         pytest.importorskip("torch", reason="the example uses torch, an optional extra")
+    if re.search(r"cluster=", code):
+        pytest.importorskip("distributed", reason="the example tunes on a Dask cluster, "
+                                                  "the optional cluster extra")
     env = dict(os.environ, POLYTILE_CACHE_DIR=str(tmp_path / "cache"),
                PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
     done = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path,
