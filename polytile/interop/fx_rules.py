@@ -484,14 +484,14 @@ rule(aten.view.default, aten._unsafe_view.default, aten.reshape.default,
 
 def _slice_check(node: Node) -> bool:
     x = shape_of(node.args[0])
-    args = list(node.args[1:]) + [None] * (4 - len(node.args))
+    args = list(node.args[1:]) + [None] * (5 - len(node.args))
     step = args[3] if args[3] is not None else 1
     return x is not None and not node.kwargs and isinstance(step, int) and step > 0
 
 
 def _slice(node: Node, x: Value) -> Callable[[Index], Index]:
     rank = len(x.shape)
-    args = list(node.args[1:]) + [None] * (4 - len(node.args))
+    args = list(node.args[1:]) + [None] * (5 - len(node.args))
     dim = (args[0] or 0) % rank
     start = args[1] or 0
     start = max(0, start + x.shape[dim] if start < 0 else min(start, x.shape[dim]))
