@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import operator
 import re
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,7 +29,7 @@ from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
 from torch.fx.passes.operator_support import OperatorSupportBase
 
 from polytile.api import Module, TCFunction, define
-from polytile.errors import UnsupportedError
+from polytile.errors import PolytileError, PolytileWarning, UnsupportedError
 from polytile.interop import fx_rules
 from polytile.interop.fx_rules import TC_TYPES, Helpers, Region, Value, dtype_of, shape_of
 
@@ -70,9 +71,11 @@ class _Kernel(torch.nn.Module):
         self.fn, self.outputs, self.as_tuple = fn, outputs, as_tuple
 
     def forward(self, *args: torch.Tensor) -> Any:
-        result = self.fn(*[a.detach() for a in args])
+        # NumPy views of the tensors' memory take the launcher's fast path.
+        result = self.fn(*[a.detach().numpy() for a in args])
         result = result if isinstance(result, tuple) else (result,)
-        return tuple(result[:self.outputs]) if self.as_tuple else result[0]
+        tensors = tuple(torch.from_numpy(r) for r in result[:self.outputs])
+        return tensors if self.as_tuple else tensors[0]
 
 
 def compile_graph(gm: GraphModule, example_inputs: Sequence[Any] = ()) -> CompiledGraph:
@@ -93,6 +96,7 @@ def compile_graph(gm: GraphModule, example_inputs: Sequence[Any] = ()) -> Compil
         except UnsupportedError:
             continue                      # stays a torch submodule
         defs.append((name, text, outputs, as_tuple))
+    defs = [d for d in defs if _accepted(helpers.source + d[1], d[0])]
     source = helpers.source + "\n".join(text for _, text, _, _ in defs)
     module = define(source, name="<torch.compile graph>") if defs else None
     for name, _, outputs, as_tuple in defs:
@@ -102,6 +106,17 @@ def compile_graph(gm: GraphModule, example_inputs: Sequence[Any] = ()) -> Compil
                  if n.op == "call_function" and n.target is not operator.getitem)
     fused.recompile()
     return CompiledGraph(source, module, fused, tuple(d[0] for d in defs), left)
+
+
+def _accepted(source: str, name: str) -> bool:
+    """Whether polytile accepts a region's def; one it refuses (a missing case of a rule)
+    stays torch's, with a warning, rather than failing the whole compile."""
+    try:
+        define(source, backend="interp", name=f"<{name}>")
+    except PolytileError as e:
+        warnings.warn(f"polytile leaves {name} to torch: {e}", PolytileWarning, stacklevel=2)
+        return False
+    return True
 
 
 def region_def(name: str, sub: GraphModule, helpers: Helpers) -> tuple[str, int, bool]:

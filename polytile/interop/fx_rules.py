@@ -5,8 +5,8 @@ is a `Value`: a tensor of the def seen through an index map, so views (transpose
 permute, unsqueeze, expand, splitting reshapes, slices) cost nothing and computing nodes
 become statements:
 
-    addmm(b, x, t(w))      ->   t0(i0, i1) = b(i1) where i0 in 0:3, i1 in 0:13
-                                t0(i0, i1) += x(i0, k0) * w(i1, k0) where ..., k0 in 0:7
+    addmm(b, x, t(w))      ->   t0(i0, i1) +=! x(i0, k0) * w(i1, k0) where ..., k0 in 0:7
+                                t0(i0, i1) = t0(i0, i1) + b(i1) where i0 in 0:3, i1 in 0:13
     relu(t0)               ->   t1(i0, i1) = relu(t0(i0, i1)) where ...
 
 Shapes are the ones the graph was traced with (static), so every index gets an explicit
@@ -352,17 +352,19 @@ def _mm(region: Region, node: Node, args: list[Any]) -> Value:
 
 @rule(aten.addmm.default, check=_matmul_check)
 def _addmm(region: Region, node: Node, args: list[Any]) -> Value:
+    """The product as a `+=!` reduction, then the bias added in place: the contraction
+    alone in its statement is what the passes tile and vectorize as a matrix product."""
     bias, a, b = args
     shape, dtype = shape_of(node), dtype_of(node)
     assert shape is not None and dtype is not None
     beta, alpha = (literal(node.kwargs.get(k, 1)) for k in ("beta", "alpha"))
-    start = region.emit(shape, dtype, lambda idx: (
-        broadcast(bias, shape, idx) + ("" if beta == "1" else f" * {beta}")))
-    region.emit(shape, dtype, lambda idx: (
-        f"{a.at((idx[0], idx[2]))} * {b.at((idx[2], idx[1]))}"
-        + ("" if alpha == "1" else f" * {alpha}")), op="+=", reduce=[a.shape[1]],
-        name=start.tensor)
-    return start
+    product = region.emit(shape, dtype, lambda idx: (
+        f"{a.at((idx[0], idx[2]))} * {b.at((idx[2], idx[1]))}"), op="+=!",
+        reduce=[a.shape[1]])
+    return region.emit(shape, dtype, lambda idx: (
+        product.at(idx) + ("" if alpha == "1" else f" * {alpha}") + " + "
+        + broadcast(bias, shape, idx) + ("" if beta == "1" else f" * {beta}")),
+        name=product.tensor)
 
 
 @rule(aten.embedding.default,

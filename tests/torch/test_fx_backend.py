@@ -47,7 +47,7 @@ def test_mlp_is_one_region() -> None:
     close(ours, eager)
     (graph,) = graphs
     assert graph.regions == ("polytile_region_0",) and graph.torch_ops == ()
-    assert graph.source.count("+= ") == 2          # both addmm's contractions
+    assert graph.source.count(" +=! ") == 2          # both addmm contractions
 
 
 def test_mlp_on_a_batch_of_sequences_leaves_the_merging_reshape_to_torch() -> None:
