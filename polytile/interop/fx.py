@@ -148,7 +148,7 @@ def region_def(name: str, sub: GraphModule, helpers: Helpers) -> tuple[str, int,
         if v.plain and re.fullmatch(r"t\d+", v.tensor) and v.tensor not in renamed:
             renamed[v.tensor] = y         # the statement that computes it writes the output
         else:
-            region.emit(v.shape, v.dtype, lambda idx, v=v: v.at(idx), name=y)
+            region.emit(v.shape, v.dtype, v.at, name=y)
     for t, y in renamed.items():
         region.statements = [re.sub(rf"\b{t}\b", y, s) for s in region.statements]
     body = "\n".join(f"  {s}" for s in region.statements)

@@ -54,6 +54,11 @@ class Value:
                      lambda idx: self.index(index(idx)), plain=False)
 
 
+def _args(node: Node) -> tuple[Any, ...]:
+    """A node's positional arguments (typed loosely: each rule checks what it reads)."""
+    return tuple(node.args)
+
+
 def shape_of(node: Any) -> tuple[int, ...] | None:
     """The static shape of a node's (first) tensor value, or None."""
     val = node.meta.get("val") if isinstance(node, Node) else None
@@ -158,7 +163,7 @@ def supported(node: Node) -> bool:
     if node.op != "call_function" or node.target not in RULES:
         return False
     if node.target is operator.getitem:
-        return isinstance(node.args[0], Node) and supported(node.args[0])
+        return isinstance(_args(node)[0], Node) and supported(_args(node)[0])
     if shape_of(node) is None or dtype_of(node) not in COMPUTE_TYPES + (torch.bool,):
         return False
     for a in list(node.args) + list(node.kwargs.values()):
@@ -182,7 +187,8 @@ def _elementwise(fmt: Callable[..., str], lets: bool = False) -> Rule:
     def apply(region: Region, node: Node, args: list[Any]) -> Value:
         shape, dtype = shape_of(node), dtype_of(node)
         assert shape is not None and dtype is not None
-        operands = [a if isinstance(a, Value) else literal(a) for a in args]
+        operands: list[Value | str] = [a if isinstance(a, Value) else str(literal(a))
+                                       for a in args]
         if not lets:
             return region.emit(shape, dtype, lambda idx: fmt(
                 *[broadcast(o, shape, idx) for o in operands]))
@@ -196,7 +202,7 @@ def _elementwise(fmt: Callable[..., str], lets: bool = False) -> Rule:
 def _scalar_args(*positions: int) -> Callable[[Node], bool]:
     """The arguments at `positions` are tensors or numbers TC can spell."""
     def check(node: Node) -> bool:
-        return all(isinstance(node.args[p], Node) or literal(node.args[p]) is not None
+        return all(isinstance(_args(node)[p], Node) or literal(_args(node)[p]) is not None
                    for p in positions if p < len(node.args))
     return check
 
@@ -262,7 +268,7 @@ _GELU = {
 @rule(aten.gelu.default,
       check=lambda n: n.kwargs.get("approximate", "none") in _GELU and len(n.args) == 1)
 def _gelu(region: Region, node: Node, args: list[Any]) -> Value:
-    text = _GELU[node.kwargs.get("approximate", "none")]
+    text = _GELU[str(node.kwargs.get("approximate", "none"))]
     return _elementwise(lambda v0: text, lets=True)(region, node, args)
 
 
@@ -279,7 +285,7 @@ def _pow(region: Region, node: Node, args: list[Any]) -> Value:
 # ---------------------------------------------------------------- reductions
 
 def _dims(node: Node, rank: int) -> tuple[int, ...]:
-    dims = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
+    dims: Any = _args(node)[1] if len(node.args) > 1 else node.kwargs.get("dim")
     if dims is None or dims == []:
         return tuple(range(rank))
     dims = [dims] if isinstance(dims, int) else dims
@@ -287,12 +293,12 @@ def _dims(node: Node, rank: int) -> tuple[int, ...]:
 
 
 def _keepdim(node: Node) -> bool:
-    return bool(node.args[2] if len(node.args) > 2 else node.kwargs.get("keepdim", False))
+    return bool(_args(node)[2] if len(node.args) > 2 else node.kwargs.get("keepdim", False))
 
 
 def _reduction_check(node: Node) -> bool:
     return set(node.kwargs) <= {"dim", "keepdim", "dtype"} and node.kwargs.get(
-        "dtype") in (None, dtype_of(node)) and isinstance(node.args[0], Node)
+        "dtype") in (None, dtype_of(node)) and isinstance(_args(node)[0], Node)
 
 
 def _reduce(region: Region, node: Node, args: list[Any], op: str) -> Value:
@@ -368,7 +374,7 @@ def _addmm(region: Region, node: Node, args: list[Any]) -> Value:
 
 
 @rule(aten.embedding.default,
-      check=lambda n: len(n.args) == 2 and not n.kwargs and dtype_of(n.args[1]) in (
+      check=lambda n: len(n.args) == 2 and not n.kwargs and dtype_of(_args(n)[1]) in (
           torch.int64, torch.int32))
 def _embedding(region: Region, node: Node, args: list[Any]) -> Value:
     weight, indices = args
@@ -393,11 +399,11 @@ def _permutation(node: Node, x: Value) -> list[int]:
     if node.target is aten.t.default:
         return [1, 0] if rank == 2 else list(range(rank))
     if node.target is aten.transpose.int:
-        d0, d1 = (d % rank for d in node.args[1:3])
+        d0, d1 = (d % rank for d in _args(node)[1:3])
         order = list(range(rank))
         order[d0], order[d1] = order[d1], order[d0]
         return order
-    return [d % rank for d in node.args[1]]
+    return [d % rank for d in _args(node)[1]]
 
 
 def _permute(node: Node, x: Value) -> Callable[[Index], Index]:
@@ -458,7 +464,7 @@ def reshape_groups(src: Sequence[int], dst: Sequence[int]) -> list[tuple[int, li
 
 
 def _reshape_check(node: Node) -> bool:
-    x, out = shape_of(node.args[0]), shape_of(node)
+    x, out = shape_of(_args(node)[0]), shape_of(node)
     return x is not None and out is not None and reshape_groups(x, out) is not None
 
 
@@ -485,15 +491,15 @@ rule(aten.view.default, aten._unsafe_view.default, aten.reshape.default,
 
 
 def _slice_check(node: Node) -> bool:
-    x = shape_of(node.args[0])
-    args = list(node.args[1:]) + [None] * (5 - len(node.args))
+    x = shape_of(_args(node)[0])
+    args = list(_args(node)[1:]) + [None] * (5 - len(node.args))
     step = args[3] if args[3] is not None else 1
     return x is not None and not node.kwargs and isinstance(step, int) and step > 0
 
 
 def _slice(node: Node, x: Value) -> Callable[[Index], Index]:
     rank = len(x.shape)
-    args = list(node.args[1:]) + [None] * (5 - len(node.args))
+    args = list(_args(node)[1:]) + [None] * (5 - len(node.args))
     dim = (args[0] or 0) % rank
     start = args[1] or 0
     start = max(0, start + x.shape[dim] if start < 0 else min(start, x.shape[dim]))
@@ -509,8 +515,8 @@ rule(aten.slice.Tensor, check=_slice_check)(_view_rule(_slice))
 
 
 def _select(node: Node, x: Value) -> Callable[[Index], Index]:
-    dim = node.args[1] % len(x.shape)
-    at = node.args[2] % x.shape[dim]
+    dim = _args(node)[1] % len(x.shape)
+    at = _args(node)[2] % x.shape[dim]
     return lambda idx: idx[:dim] + (str(at),) + idx[dim:]
 
 
@@ -539,13 +545,13 @@ def _softmax_def(rank: int, dim: int, dtype: torch.dtype, log: bool) -> Callable
 
 
 def _softmax_check(node: Node) -> bool:
-    return not node.kwargs and node.args[2] is False
+    return not node.kwargs and _args(node)[2] is False
 
 
 def _softmax(region: Region, node: Node, args: list[Any], log: bool) -> Value:
     x = region.plain(args[0])
     rank = len(x.shape)
-    dim = node.args[1] % rank if rank else 0
+    dim = _args(node)[1] % rank if rank else 0
     helper = region.helpers.get(("log_softmax" if log else "softmax", rank, dim, x.dtype),
                                 _softmax_def(rank, dim, x.dtype, log))
     y = region.fresh()
@@ -584,16 +590,16 @@ def _layer_norm_def(rank: int, normalized: int, dtype: torch.dtype, weight: bool
 
 
 def _layer_norm_check(node: Node) -> bool:
-    return not node.kwargs and literal(node.args[4]) is not None and all(
-        isinstance(a, Node) or a is None for a in node.args[2:4])
+    return not node.kwargs and literal(_args(node)[4]) is not None and all(
+        isinstance(a, Node) or a is None for a in _args(node)[2:4])
 
 
 @rule(aten.native_layer_norm.default, check=_layer_norm_check)
 def _layer_norm(region: Region, node: Node, args: list[Any]) -> tuple[Value, ...]:
     x = region.plain(args[0])
-    rank, normalized = len(x.shape), len(node.args[1])
+    rank, normalized = len(x.shape), len(_args(node)[1])
     weight, bias = (region.plain(a) if isinstance(a, Value) else None for a in args[2:4])
-    eps = literal(node.args[4])
+    eps = literal(_args(node)[4])
     assert eps is not None
     helper = region.helpers.get(
         ("layer_norm", rank, normalized, x.dtype, weight is not None, bias is not None, eps),
