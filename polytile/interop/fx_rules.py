@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import operator
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -213,8 +214,16 @@ def _no_kwargs(*allowed: str) -> Callable[[Node], bool]:
     return check
 
 
+_ATOM = re.compile(r"[A-Za-z_]\w*(\([^()]*\))?|\d+(\.\d*)?(e[-+]?\d+)?")
+
+
+def paren(x: str) -> str:
+    """`x` as an operand: an access, name or number as it is, anything else in parentheses."""
+    return x if _ATOM.fullmatch(x) else f"({x})"
+
+
 def _binary(symbol: str) -> Rule:
-    return _elementwise(lambda a, b: f"({a}) {symbol} ({b})")
+    return _elementwise(lambda a, b: f"{paren(a)} {symbol} {paren(b)}")
 
 
 def _alpha(node: Node) -> bool:
@@ -226,14 +235,14 @@ def _alpha(node: Node) -> bool:
 def _add(region: Region, node: Node, args: list[Any]) -> Value:
     alpha = literal(node.kwargs.get("alpha", 1))
     scaled = "" if alpha == "1" else f" * {alpha}"
-    return _elementwise(lambda a, b: f"({a}) + ({b}){scaled}")(region, node, args)
+    return _elementwise(lambda a, b: f"{paren(a)} + {paren(b)}{scaled}")(region, node, args)
 
 
 @rule(aten.sub.Tensor, aten.sub.Scalar, check=_alpha)
 def _sub(region: Region, node: Node, args: list[Any]) -> Value:
     alpha = literal(node.kwargs.get("alpha", 1))
     scaled = "" if alpha == "1" else f" * {alpha}"
-    return _elementwise(lambda a, b: f"({a}) - ({b}){scaled}")(region, node, args)
+    return _elementwise(lambda a, b: f"{paren(a)} - {paren(b)}{scaled}")(region, node, args)
 
 
 for _target, _symbol in [(aten.mul.Tensor, "*"), (aten.mul.Scalar, "*"),
@@ -249,14 +258,16 @@ for _target, _symbol in [(aten.mul.Tensor, "*"), (aten.mul.Scalar, "*"),
 rule(aten.maximum.default, check=_no_kwargs())(_elementwise(lambda a, b: f"fmax({a}, {b})"))
 rule(aten.minimum.default, check=_no_kwargs())(_elementwise(lambda a, b: f"fmin({a}, {b})"))
 rule(aten.where.self, check=_no_kwargs())(
-    _elementwise(lambda c, a, b: f"({c}) ? ({a}) : ({b})"))
-rule(aten.rsub.Scalar, check=_no_kwargs())(_elementwise(lambda a, b: f"({b}) - ({a})"))
+    _elementwise(lambda c, a, b: f"{paren(c)} ? {paren(a)} : {paren(b)}"))
+rule(aten.rsub.Scalar, check=_no_kwargs())(
+    _elementwise(lambda a, b: f"{paren(b)} - {paren(a)}"))
 
-for _target, _fn in [(aten.neg.default, "-"), (aten.exp.default, "exp"),
-                     (aten.log.default, "log"), (aten.tanh.default, "tanh"),
-                     (aten.sigmoid.default, "sigmoid"), (aten.relu.default, "relu"),
-                     (aten.sqrt.default, "sqrt"), (aten.rsqrt.default, "rsqrt"),
-                     (aten.abs.default, "fabs"), (aten.erf.default, "erf")]:
+rule(aten.neg.default, check=_no_kwargs())(_elementwise(lambda a: f"-{paren(a)}"))
+for _target, _fn in [(aten.exp.default, "exp"),
+                    (aten.log.default, "log"), (aten.tanh.default, "tanh"),
+                    (aten.sigmoid.default, "sigmoid"), (aten.relu.default, "relu"),
+                    (aten.sqrt.default, "sqrt"), (aten.rsqrt.default, "rsqrt"),
+                    (aten.abs.default, "fabs"), (aten.erf.default, "erf")]:
     rule(_target, check=_no_kwargs())(_elementwise(lambda a, f=_fn: f"{f}({a})"))
 
 _GELU = {

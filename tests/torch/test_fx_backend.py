@@ -153,3 +153,47 @@ def test_training_uses_polytile_forward_and_torch_backward() -> None:
     ((2, 3), (6,), False), ((6, 4), (4, 6), False), ((2, 3, 4), (2, 3, 4), True)])
 def test_reshape_is_a_view_only_where_affine(src, dst, affine) -> None:
     assert (reshape_groups(src, dst) is not None) == affine
+
+
+def _aten_graph(fn, *args):
+    from torch.fx.experimental.proxy_tensor import make_fx
+    return make_fx(fn, tracing_mode="fake")(*args)
+
+
+def test_region_text() -> None:
+    """The TC a small graph becomes: views fold into subscripts, softmax is a helper
+    def called from the region, and the last statement writes the output."""
+    from polytile.interop.fx import compile_graph
+
+    def f(x, w, b):
+        return torch.softmax(F.relu(x @ w.t() + b), -1).sum(0)
+
+    args = (torch.randn(3, 5), torch.randn(4, 5), torch.randn(4))
+    graph = compile_graph(_aten_graph(f, *args))
+    assert graph.source.splitlines()[-7:] == [
+        "def polytile_region_0(float(4, 5) x0, float(3, 5) x1, float(4) x2) -> (y0) {",
+        "  t1(i0, i1) +=! x1(i0, k0) * x0(i1, k0) where i0 in 0:3, i1 in 0:4, k0 in 0:5",
+        "  t2(i0, i1) = t1(i0, i1) + x2(i1) where i0 in 0:3, i1 in 0:4",
+        "  t3(i0, i1) = relu(t2(i0, i1)) where i0 in 0:3, i1 in 0:4",
+        "  t4 = softmax_1(t3)",
+        "  y0(i0) +=! t4(k0, i0) where i0 in 0:4, k0 in 0:3",
+        "}"]
+    torch.testing.assert_close(graph(*args), f(*args))
+
+
+def test_a_region_polytile_refuses_stays_with_torch(monkeypatch) -> None:
+    """A rule that writes TC polytile refuses costs that region, with a warning, not the
+    compile."""
+    from polytile.errors import PolytileWarning
+    from polytile.interop import fx_rules
+    from polytile.interop.fx import compile_graph
+
+    def broken(region, node, args):
+        return region.emit(args[0].shape, args[0].dtype, lambda idx: "undefined_tensor(0)")
+
+    monkeypatch.setitem(fx_rules.RULES, fx_rules.aten.relu.default, broken)
+    x = torch.randn(3, 5)
+    with pytest.warns(PolytileWarning, match="leaves polytile_region_0 to torch"):
+        graph = compile_graph(_aten_graph(lambda x: F.relu(x * 2), x))
+    assert graph.regions == ()
+    torch.testing.assert_close(graph(x), F.relu(x * 2))
