@@ -33,6 +33,8 @@ TC_TYPES = {torch.float32: "float", torch.float64: "double", torch.int64: "int64
 COMPUTE_TYPES = (torch.float32, torch.float64)
 
 Index = tuple[str, ...]
+Dim = int | str          # an extent: a number, or a size name (a symbolic dimension)
+Shape = tuple[Dim, ...]
 
 
 @dataclass(frozen=True)
@@ -41,7 +43,7 @@ class Value:
     value is `tensor(index(idx))`."""
 
     tensor: str
-    shape: tuple[int, ...]
+    shape: Shape
     dtype: torch.dtype
     index: Callable[[Index], Index] = field(default=lambda idx: idx, compare=False)
     plain: bool = True           # the tensor itself, not a view of it
@@ -50,7 +52,7 @@ class Value:
         subs = self.index(tuple(idx))
         return f"{self.tensor}({', '.join(subs)})" if subs else self.tensor
 
-    def view(self, shape: Sequence[int], index: Callable[[Index], Index]) -> Value:
+    def view(self, shape: Sequence[Dim], index: Callable[[Index], Index]) -> Value:
         return Value(self.tensor, tuple(shape), self.dtype,
                      lambda idx: self.index(index(idx)), plain=False)
 
@@ -60,16 +62,32 @@ def _args(node: Node) -> tuple[Any, ...]:
     return tuple(node.args)
 
 
-def shape_of(node: Any) -> tuple[int, ...] | None:
-    """The static shape of a node's (first) tensor value, or None."""
+def dim_of(d: Any) -> Dim | None:
+    """A traced extent: an int, or the name of a symbolic size (torch.compile's dynamic
+    shapes: `s77`), which becomes a TC size name; None for an expression of sizes."""
+    if isinstance(d, int):
+        return int(d)
+    expr = getattr(getattr(d, "node", None), "expr", None)
+    if expr is not None and getattr(expr, "is_Symbol", False):
+        return str(expr)
+    if expr is not None and getattr(expr, "is_Integer", False):
+        return int(expr)
+    return None
+
+
+def static(shape: Shape) -> bool:
+    return all(isinstance(d, int) for d in shape)
+
+
+def shape_of(node: Any) -> Shape | None:
+    """The shape of a node's (first) tensor value (numbers and size names), or None."""
     val = node.meta.get("val") if isinstance(node, Node) else None
     if isinstance(val, (tuple, list)):
         val = val[0]
     if not isinstance(val, torch.Tensor):
         return None
-    if not all(isinstance(d, int) for d in val.shape):
-        return None                  # symbolic (dynamic) shapes stay with torch
-    return tuple(int(d) for d in val.shape)
+    dims = tuple(dim_of(d) for d in val.shape)
+    return None if any(d is None for d in dims) else dims    # type: ignore[return-value]
 
 
 def dtype_of(node: Any) -> torch.dtype | None:
@@ -102,8 +120,8 @@ class Region:
         self.temps += 1
         return f"t{self.temps}"
 
-    def emit(self, shape: Sequence[int], dtype: torch.dtype, body: Callable[[Index], str],
-             op: str = "=", reduce: Sequence[int] = (), name: str | None = None,
+    def emit(self, shape: Sequence[Dim], dtype: torch.dtype, body: Callable[[Index], str],
+             op: str = "=", reduce: Sequence[Dim] = (), name: str | None = None,
              lets: Sequence[tuple[str, str]] = ()) -> Value:
         """`name(i...) op body(i..., k...)` over the shape (and the reduced extents)."""
         name = name or self.fresh()
@@ -170,11 +188,13 @@ def supported(node: Node) -> bool:
     for a in list(node.args) + list(node.kwargs.values()):
         if isinstance(a, Node) and (shape_of(a) is None or dtype_of(a) not in TC_TYPES):
             return False
+        if isinstance(a, (list, tuple)) and any(isinstance(x, Node) for x in a):
+            return False             # symbolic sizes or lists of tensors (cat, stack)
     check = CHECKS.get(node.target)
     return check is None or check(node)
 
 
-def broadcast(v: Value | str, out: Sequence[int], idx: Index) -> str:
+def broadcast(v: Value | str, out: Sequence[Dim], idx: Index) -> str:
     """Element `idx` of `v` broadcast to shape `out` (numpy rules), or a literal."""
     if isinstance(v, str):
         return v
@@ -345,7 +365,8 @@ rule(aten.amin.default, check=_reduction_check)(
 @rule(aten.mean.dim, aten.mean.default, check=_reduction_check)
 def _mean(region: Region, node: Node, args: list[Any]) -> Value:
     total = _reduce(region, node, args, "+=!")
-    count = math.prod(args[0].shape[d] for d in _dims(node, len(args[0].shape)))
+    extents = [str(args[0].shape[d]) for d in _dims(node, len(args[0].shape))]
+    count = f"{TC_TYPES[total.dtype]}({' * '.join(extents) or '1'})"
     return region.emit(total.shape, total.dtype, lambda idx: f"{total.at(idx)} / {count}")
 
 
@@ -476,19 +497,28 @@ def reshape_groups(src: Sequence[int], dst: Sequence[int]) -> list[tuple[int, li
 
 def _reshape_check(node: Node) -> bool:
     x, out = shape_of(_args(node)[0]), shape_of(node)
-    return x is not None and out is not None and reshape_groups(x, out) is not None
+    if x is None or out is None:
+        return False
+    if not (static(x) and static(out)):      # symbolic: only ones added or removed
+        return [d for d in x if d != 1] == [d for d in out if d != 1]
+    return reshape_groups(x, out) is not None  # type: ignore[arg-type]
 
 
 def _reshape(node: Node, x: Value) -> Callable[[Index], Index]:
     out = shape_of(node)
     assert out is not None
-    groups = reshape_groups(x.shape, out)
+    if static(x.shape) and static(out):
+        groups = reshape_groups(x.shape, out)  # type: ignore[arg-type]
+    else:
+        groups = list(zip([d for d, n in enumerate(x.shape) if n != 1],
+                          [[d] for d, n in enumerate(out) if n != 1]))
     assert groups is not None
 
     def index(idx: Index) -> Index:
         subs = ["0"] * len(x.shape)
         for d, group in groups:
-            terms, stride = [], 1
+            terms: list[str] = []
+            stride: Any = 1               # symbolic shapes: one dimension per group
             for o in reversed(group):
                 terms.append(idx[o] if stride == 1 else f"{stride} * {idx[o]}")
                 stride *= out[o]
@@ -505,7 +535,8 @@ def _slice_check(node: Node) -> bool:
     x = shape_of(_args(node)[0])
     args = list(_args(node)[1:]) + [None] * (5 - len(node.args))
     step = args[3] if args[3] is not None else 1
-    return x is not None and not node.kwargs and isinstance(step, int) and step > 0
+    return (x is not None and static(x) and not node.kwargs and isinstance(step, int)
+            and step > 0)
 
 
 def _slice(node: Node, x: Value) -> Callable[[Index], Index]:
@@ -513,7 +544,8 @@ def _slice(node: Node, x: Value) -> Callable[[Index], Index]:
     args = list(_args(node)[1:]) + [None] * (5 - len(node.args))
     dim = (args[0] or 0) % rank
     start = args[1] or 0
-    start = max(0, start + x.shape[dim] if start < 0 else min(start, x.shape[dim]))
+    extent = int(x.shape[dim])               # static: see _slice_check
+    start = max(0, start + extent if start < 0 else min(start, extent))
     step = args[3] or 1
 
     def index(idx: Index) -> Index:
@@ -531,7 +563,8 @@ def _select(node: Node, x: Value) -> Callable[[Index], Index]:
     return lambda idx: idx[:dim] + (str(at),) + idx[dim:]
 
 
-rule(aten.select.int, check=lambda n: not n.kwargs)(_view_rule(_select))
+rule(aten.select.int, check=lambda n: not n.kwargs and static(shape_of(_args(n)[0]) or ("?",))
+     )(_view_rule(_select))
 
 
 # ---------------------------------------------------------------- composite operators

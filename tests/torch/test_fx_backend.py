@@ -197,3 +197,21 @@ def test_a_region_polytile_refuses_stays_with_torch(monkeypatch) -> None:
         graph = compile_graph(_aten_graph(lambda x: F.relu(x * 2), x))
     assert graph.regions == ()
     torch.testing.assert_close(graph(x), F.relu(x * 2))
+
+
+def test_symbolic_sizes_become_tc_size_names() -> None:
+    """A call with new shapes makes torch.compile retrace with symbolic sizes; the
+    region keeps them as TC size names and polytile specializes per call."""
+    torch._dynamo.reset()
+    torch.manual_seed(7)
+    model = LayerNormGelu()
+    backend = ptt.Backend(keep=True)
+    compiled = torch.compile(model, backend=backend)
+    with torch.no_grad():
+        for rows in (3, 5, 8):
+            x = torch.randn(rows, 4, 11)
+            close(compiled(x), model(x))
+    assert len(backend.graphs) == 2
+    dynamic = backend.graphs[-1]
+    assert dynamic.regions and dynamic.torch_ops == ()
+    assert "float(s" in dynamic.source        # a symbolic size in the signature
