@@ -78,9 +78,11 @@ class _Kernel(torch.nn.Module):
         return tensors if self.as_tuple else tensors[0]
 
 
-def compile_graph(gm: GraphModule, example_inputs: Sequence[Any] = ()) -> CompiledGraph:
+def compile_graph(gm: GraphModule, example_inputs: Sequence[Any] = (),
+                  backend: str = "c") -> CompiledGraph:
     """Partition `gm` (an aten graph with shapes in `node.meta["val"]`) and compile its
-    regions as one TC module."""
+    regions as one TC module (`backend` as in `polytile.define`: "interp" runs the
+    reference interpreter)."""
     partitioner = CapabilityBasedPartitioner(gm, _Support(), allows_single_node_partition=True)
     partitions = [p for p in partitioner.propose_partitions()
                   if any(n.target not in _VIEWS and n.target is not operator.getitem
@@ -98,7 +100,7 @@ def compile_graph(gm: GraphModule, example_inputs: Sequence[Any] = ()) -> Compil
         defs.append((name, text, outputs, as_tuple))
     defs = [d for d in defs if _accepted(helpers.source + d[1], d[0])]
     source = helpers.source + "\n".join(text for _, text, _, _ in defs)
-    module = define(source, name="<torch.compile graph>") if defs else None
+    module = define(source, backend, name="<torch.compile graph>") if defs else None
     for name, _, outputs, as_tuple in defs:
         assert module is not None
         setattr(fused, name, _Kernel(module[name], outputs, as_tuple))

@@ -127,10 +127,21 @@ class Region:
         name = name or self.fresh()
         idx = tuple(f"i{d}" for d in range(len(shape)))
         red = tuple(f"k{d}" for d in range(len(reduce)))
-        ranges = [f"{i} in 0:{n}" for i, n in zip(idx + red, tuple(shape) + tuple(reduce))]
+        rhs = body(idx + red)
+        used = " ".join([rhs] + [e for _, e in lets])
+        # A reduced dimension the value does not depend on (a broadcast one): a sum counts
+        # it, max and min ignore it; TC has no loop over an index nothing reads.
+        unused = [(k, n) for k, n in zip(red, reduce) if not re.search(rf"\b{k}\b", used)]
+        if unused and op == "+=!":
+            rhs = f"({rhs}) * " + " * ".join(
+                str(n) if isinstance(n, int) else f"{TC_TYPES[dtype]}({n})" for _, n in unused)
+        kept = [(k, n) for k, n in zip(red, reduce) if (k, n) not in unused]
+        if red and not kept:
+            op = "="
+        ranges = [f"{i} in 0:{n}" for i, n in list(zip(idx, shape)) + kept]
         lhs = f"{name}({', '.join(idx)})" if idx else name
         where = ranges + [f"{v} = {e}" for v, e in lets]
-        text = f"{lhs} {op} {body(idx + red)}"
+        text = f"{lhs} {op} {rhs}"
         self.statements.append(text + (f" where {', '.join(where)}" if where else ""))
         return Value(name, tuple(shape), dtype)
 

@@ -4,6 +4,8 @@ operators stay with torch and the model still runs."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch", reason="torch is an optional dependency "
                             "(pip install polytile[torch])")
@@ -215,3 +217,34 @@ def test_symbolic_sizes_become_tc_size_names() -> None:
     dynamic = backend.graphs[-1]
     assert dynamic.regions and dynamic.torch_ops == ()
     assert "float(s" in dynamic.source        # a symbolic size in the signature
+
+
+UNARY = [torch.tanh, torch.sigmoid, F.relu, F.gelu, lambda a: F.gelu(a, approximate="tanh"),
+         lambda a: -a, lambda a: (a.abs() + 1).log(), lambda a: a * 0.5 - 1, lambda a: a ** 2,
+         lambda a: torch.softmax(a, -1), lambda a: torch.log_softmax(a, 0),
+         lambda a: a - a.mean(-1, keepdim=True), lambda a: a / (a.abs().amax(0) + 1),
+         lambda a: a.sum(0, keepdim=True) + a, lambda a: a.t().contiguous().t() * 2,
+         lambda a: a.unsqueeze(0).expand(2, *a.shape).sum(0)]
+BINARY = [torch.add, torch.mul, torch.sub, torch.maximum,
+          lambda a, y: torch.where(a > y, a, y), lambda a, y: a / (y.abs() + 1)]
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, len(UNARY) - 1), st.integers(0, len(BINARY) - 1)),
+                min_size=1, max_size=4),
+       st.integers(1, 6), st.integers(1, 7), st.integers(0, 2**31 - 1))
+def test_random_chains_match_torch(chain, m, n, seed) -> None:
+    """Chains of elementwise ops, reductions and views on a (m, n) tensor with a (n,) one
+    broadcast in: the region (run by the reference interpreter) computes what torch does."""
+    from polytile.interop.fx import compile_graph
+
+    def f(x, y):
+        for u, b in chain:
+            x = BINARY[b](UNARY[u](x), y)
+        return x
+
+    g = torch.Generator().manual_seed(seed)
+    x, y = torch.randn(m, n, generator=g), torch.randn(n, generator=g)
+    graph = compile_graph(_aten_graph(f, x, y), backend="interp")
+    assert graph.regions and graph.torch_ops == ()
+    torch.testing.assert_close(graph(x, y), f(x, y), rtol=1e-4, atol=1e-5)
