@@ -433,7 +433,11 @@ def _view_rule(index_of: Callable[[Node, Value], Callable[[Index], Index]]) -> R
     def apply(region: Region, node: Node, args: list[Any]) -> Value:
         shape = shape_of(node)
         assert shape is not None
-        return args[0].view(shape, index_of(node, args[0]))
+        index = index_of(node, args[0])
+        names = tuple(f"i{d}" for d in range(len(shape)))
+        if shape == args[0].shape and index(names) == names:
+            return args[0]           # the same elements in the same places (clone, view)
+        return args[0].view(shape, index)
     return apply
 
 
