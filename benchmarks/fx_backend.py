@@ -7,6 +7,17 @@ how many polytile regions (kernels' defs) and torch operators each graph kept.
 
 Medians of interleaved runs; on a shared machine the noise is large, so ratios within
 ~15% are not a difference.
+
+Measured 2026-11-25 on AMD EPYC Zen 3, AVX2, 2 cores, under load (load average ~4),
+with OMP_NUM_THREADS=1 (with 2 threads every time varied by up to 10x between runs):
+
+    workload                  eager     inductor  polytile  eager/polytile  inductor/polytile
+    mlp 127x256->512->256     1266 us   1400 us   2656 us   0.48            0.53
+    layernorm+gelu 1023x768   4477 us   6394 us   2577 us   1.74            2.48
+    attention 4x127x64         480 us    481 us    960 us   0.50            0.50
+
+One polytile region per graph, no operator left to torch. The GEMM-bound graphs lose to
+torch's BLAS calls; the memory-bound one (a row reduction feeding elementwise work) wins.
 """
 from __future__ import annotations
 
