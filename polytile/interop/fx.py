@@ -30,17 +30,9 @@ from torch.fx.passes.operator_support import OperatorSupportBase
 
 from polytile.api import Module, TCFunction, define
 from polytile.errors import PolytileError, PolytileWarning, UnsupportedError
-from polytile.interop import fx_rules
+from polytile.interop import fx_composite, fx_rules  # noqa: F401 (rules register on import)
 from polytile.interop.fx_rules import TC_TYPES, Helpers, Region, Value, dtype_of, shape_of
-
-_VIEWS = {fx_rules.aten.t.default, fx_rules.aten.transpose.int, fx_rules.aten.permute.default,
-          fx_rules.aten.unsqueeze.default, fx_rules.aten.squeeze.dim,
-          fx_rules.aten.squeeze.dims, fx_rules.aten.squeeze.default,
-          fx_rules.aten.clone.default, fx_rules.aten.alias.default,
-          fx_rules.aten.detach.default, fx_rules.aten.expand.default,
-          fx_rules.aten.view.default, fx_rules.aten._unsafe_view.default,
-          fx_rules.aten.reshape.default, fx_rules.aten.slice.Tensor,
-          fx_rules.aten.select.int}
+from polytile.interop.fx_views import VIEWS
 
 
 class _Support(OperatorSupportBase):
@@ -85,7 +77,7 @@ def compile_graph(gm: GraphModule, example_inputs: Sequence[Any] = (),
     reference interpreter)."""
     partitioner = CapabilityBasedPartitioner(gm, _Support(), allows_single_node_partition=True)
     partitions = [p for p in partitioner.propose_partitions()
-                  if any(n.target not in _VIEWS and n.target is not operator.getitem
+                  if any(n.target not in VIEWS and n.target is not operator.getitem
                          for n in p.nodes)]
     fused = partitioner.fuse_partitions(partitions, prefix="polytile_region_")
     helpers = Helpers()

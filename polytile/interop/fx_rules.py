@@ -9,10 +9,10 @@ become statements:
                                 t0(i0, i1) = t0(i0, i1) + b(i1) where i0 in 0:3, i1 in 0:13
     relu(t0)               ->   t1(i0, i1) = relu(t0(i0, i1)) where ...
 
-Shapes are the ones the graph was traced with (static), so every index gets an explicit
-`where` range. Composite operators (softmax, log_softmax, layer norm) are helper defs of
-the same module, called from the region (`(y, m, r) = layer_norm_1(x0, x1, x2)`), which
-semantics inlines (docs/language.md, "Functions calling functions").
+Shapes are the ones the graph was traced with (numbers, or size names for dynamic
+shapes), so every index gets an explicit `where` range. Views are in `fx_views.py`;
+composite operators (softmax, log_softmax, layer norm), helper defs of the same module
+called from the region, in `fx_composite.py`.
 """
 from __future__ import annotations
 
@@ -57,7 +57,7 @@ class Value:
                      lambda idx: self.index(index(idx)), plain=False)
 
 
-def _args(node: Node) -> tuple[Any, ...]:
+def args_of(node: Node) -> tuple[Any, ...]:
     """A node's positional arguments (typed loosely: each rule checks what it reads)."""
     return tuple(node.args)
 
@@ -193,7 +193,7 @@ def supported(node: Node) -> bool:
     if node.op != "call_function" or node.target not in RULES:
         return False
     if node.target is operator.getitem:
-        return isinstance(_args(node)[0], Node) and supported(_args(node)[0])
+        return isinstance(args_of(node)[0], Node) and supported(args_of(node)[0])
     if shape_of(node) is None or dtype_of(node) not in COMPUTE_TYPES + (torch.bool,):
         return False
     for a in list(node.args) + list(node.kwargs.values()):
@@ -231,17 +231,17 @@ def _elementwise(fmt: Callable[..., str], lets: bool = False) -> Rule:
     return apply
 
 
-def _scalar_args(*positions: int) -> Callable[[Node], bool]:
+def _scalarargs_of(*positions: int) -> Callable[[Node], bool]:
     """The arguments at `positions` are tensors or numbers TC can spell."""
     def check(node: Node) -> bool:
-        return all(isinstance(_args(node)[p], Node) or literal(_args(node)[p]) is not None
+        return all(isinstance(args_of(node)[p], Node) or literal(args_of(node)[p]) is not None
                    for p in positions if p < len(node.args))
     return check
 
 
 def _no_kwargs(*allowed: str) -> Callable[[Node], bool]:
     def check(node: Node) -> bool:
-        return set(node.kwargs) <= set(allowed) and _scalar_args(0, 1, 2)(node)
+        return set(node.kwargs) <= set(allowed) and _scalarargs_of(0, 1, 2)(node)
     return check
 
 
@@ -259,7 +259,7 @@ def _binary(symbol: str) -> Rule:
 
 def _alpha(node: Node) -> bool:
     return set(node.kwargs) <= {"alpha"} and literal(node.kwargs.get("alpha", 1)) is not None \
-        and _scalar_args(0, 1)(node)
+        and _scalarargs_of(0, 1)(node)
 
 
 @rule(aten.add.Tensor, aten.add.Scalar, check=_alpha)
@@ -327,7 +327,7 @@ def _pow(region: Region, node: Node, args: list[Any]) -> Value:
 # ---------------------------------------------------------------- reductions
 
 def _dims(node: Node, rank: int) -> tuple[int, ...]:
-    dims: Any = _args(node)[1] if len(node.args) > 1 else node.kwargs.get("dim")
+    dims: Any = args_of(node)[1] if len(node.args) > 1 else node.kwargs.get("dim")
     if dims is None or dims == []:
         return tuple(range(rank))
     dims = [dims] if isinstance(dims, int) else dims
@@ -335,12 +335,12 @@ def _dims(node: Node, rank: int) -> tuple[int, ...]:
 
 
 def _keepdim(node: Node) -> bool:
-    return bool(_args(node)[2] if len(node.args) > 2 else node.kwargs.get("keepdim", False))
+    return bool(args_of(node)[2] if len(node.args) > 2 else node.kwargs.get("keepdim", False))
 
 
 def _reduction_check(node: Node) -> bool:
     return set(node.kwargs) <= {"dim", "keepdim", "dtype"} and node.kwargs.get(
-        "dtype") in (None, dtype_of(node)) and isinstance(_args(node)[0], Node)
+        "dtype") in (None, dtype_of(node)) and isinstance(args_of(node)[0], Node)
 
 
 def _reduce(region: Region, node: Node, args: list[Any], op: str) -> Value:
@@ -417,7 +417,7 @@ def _addmm(region: Region, node: Node, args: list[Any]) -> Value:
 
 
 @rule(aten.embedding.default,
-      check=lambda n: len(n.args) == 2 and not n.kwargs and dtype_of(_args(n)[1]) in (
+      check=lambda n: len(n.args) == 2 and not n.kwargs and dtype_of(args_of(n)[1]) in (
           torch.int64, torch.int32))
 def _embedding(region: Region, node: Node, args: list[Any]) -> Value:
     weight, indices = args
@@ -425,252 +425,6 @@ def _embedding(region: Region, node: Node, args: list[Any]) -> Value:
     assert shape is not None and dtype is not None
     return region.emit(shape, dtype, lambda idx: weight.at(
         (indices.at(idx[:-1]), idx[-1])))
-
-
-# ---------------------------------------------------------------- views
-
-def _view_rule(index_of: Callable[[Node, Value], Callable[[Index], Index]]) -> Rule:
-    def apply(region: Region, node: Node, args: list[Any]) -> Value:
-        shape = shape_of(node)
-        assert shape is not None
-        index = index_of(node, args[0])
-        names = tuple(f"i{d}" for d in range(len(shape)))
-        if shape == args[0].shape and index(names) == names:
-            return args[0]           # the same elements in the same places (clone, view)
-        return args[0].view(shape, index)
-    return apply
-
-
-def _permutation(node: Node, x: Value) -> list[int]:
-    rank = len(x.shape)
-    if node.target is aten.t.default:
-        return [1, 0] if rank == 2 else list(range(rank))
-    if node.target is aten.transpose.int:
-        d0, d1 = (d % rank for d in _args(node)[1:3])
-        order = list(range(rank))
-        order[d0], order[d1] = order[d1], order[d0]
-        return order
-    return [d % rank for d in _args(node)[1]]
-
-
-def _permute(node: Node, x: Value) -> Callable[[Index], Index]:
-    order = _permutation(node, x)
-    inverse = [order.index(d) for d in range(len(order))]
-    return lambda idx: tuple(idx[inverse[d]] for d in range(len(order)))
-
-
-rule(aten.t.default, aten.transpose.int, aten.permute.default)(_view_rule(_permute))
-
-
-def _drop_ones(node: Node, x: Value) -> Callable[[Index], Index]:
-    """unsqueeze / squeeze / identity views: only size-1 dimensions change, so the
-    value's indices at the other dimensions are the tensor's, in order."""
-    out = shape_of(node)
-    assert out is not None
-    kept = [d for d, n in enumerate(out) if n != 1]
-
-    def index(idx: Index) -> Index:
-        inner = iter(idx[d] for d in kept)
-        return tuple("0" if n == 1 else next(inner) for n in x.shape)
-    return index
-
-
-rule(aten.unsqueeze.default, aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default,
-     aten.clone.default, aten.alias.default, aten.detach.default,
-     check=lambda n: set(n.kwargs) <= {"memory_format"})(_view_rule(_drop_ones))
-
-
-def _expand(node: Node, x: Value) -> Callable[[Index], Index]:
-    out = shape_of(node)
-    assert out is not None
-    lead = len(out) - len(x.shape)
-    return lambda idx: tuple("0" if n == 1 else idx[lead + d] for d, n in enumerate(x.shape))
-
-
-rule(aten.expand.default, check=lambda n: set(n.kwargs) <= {"implicit"})(_view_rule(_expand))
-
-
-def reshape_groups(src: Sequence[int], dst: Sequence[int]) -> list[tuple[int, list[int]]] | None:
-    """For each source dimension larger than 1, the destination dimensions (larger than
-    1, consecutive) it splits into; None when the reshape merges dimensions (the source
-    index would need a division: left to torch)."""
-    wanted = [d for d, n in enumerate(dst) if n > 1]
-    groups, k = [], 0
-    for d, n in enumerate(src):
-        if n == 1:
-            continue
-        group, product = [], 1
-        while product < n and k < len(wanted):
-            group.append(wanted[k])
-            product *= dst[wanted[k]]
-            k += 1
-        if product != n:
-            return None
-        groups.append((d, group))
-    return groups if k == len(wanted) else None
-
-
-def _reshape_check(node: Node) -> bool:
-    x, out = shape_of(_args(node)[0]), shape_of(node)
-    if x is None or out is None:
-        return False
-    if not (static(x) and static(out)):      # symbolic: only ones added or removed
-        return [d for d in x if d != 1] == [d for d in out if d != 1]
-    return reshape_groups(x, out) is not None  # type: ignore[arg-type]
-
-
-def _reshape(node: Node, x: Value) -> Callable[[Index], Index]:
-    out = shape_of(node)
-    assert out is not None
-    if static(x.shape) and static(out):
-        groups = reshape_groups(x.shape, out)  # type: ignore[arg-type]
-    else:
-        groups = list(zip([d for d, n in enumerate(x.shape) if n != 1],
-                          [[d] for d, n in enumerate(out) if n != 1]))
-    assert groups is not None
-
-    def index(idx: Index) -> Index:
-        subs = ["0"] * len(x.shape)
-        for d, group in groups:
-            terms: list[str] = []
-            stride: Any = 1               # symbolic shapes: one dimension per group
-            for o in reversed(group):
-                terms.append(idx[o] if stride == 1 else f"{stride} * {idx[o]}")
-                stride *= out[o]
-            subs[d] = " + ".join(reversed(terms))
-        return tuple(subs)
-    return index
-
-
-rule(aten.view.default, aten._unsafe_view.default, aten.reshape.default,
-     check=_reshape_check)(_view_rule(_reshape))
-
-
-def _slice_check(node: Node) -> bool:
-    x = shape_of(_args(node)[0])
-    args = list(_args(node)[1:]) + [None] * (5 - len(node.args))
-    step = args[3] if args[3] is not None else 1
-    return (x is not None and static(x) and not node.kwargs and isinstance(step, int)
-            and step > 0)
-
-
-def _slice(node: Node, x: Value) -> Callable[[Index], Index]:
-    rank = len(x.shape)
-    args = list(_args(node)[1:]) + [None] * (5 - len(node.args))
-    dim = (args[0] or 0) % rank
-    start = args[1] or 0
-    extent = int(x.shape[dim])               # static: see _slice_check
-    start = max(0, start + extent if start < 0 else min(start, extent))
-    step = args[3] or 1
-
-    def index(idx: Index) -> Index:
-        sub = idx[dim] if step == 1 else f"{step} * {idx[dim]}"
-        return idx[:dim] + ((f"{sub} + {start}" if start else sub),) + idx[dim + 1:]
-    return index
-
-
-rule(aten.slice.Tensor, check=_slice_check)(_view_rule(_slice))
-
-
-def _select(node: Node, x: Value) -> Callable[[Index], Index]:
-    dim = _args(node)[1] % len(x.shape)
-    at = _args(node)[2] % x.shape[dim]
-    return lambda idx: idx[:dim] + (str(at),) + idx[dim:]
-
-
-rule(aten.select.int, check=lambda n: not n.kwargs and static(shape_of(_args(n)[0]) or ("?",))
-     )(_view_rule(_select))
-
-
-# ---------------------------------------------------------------- composite operators
-
-def _signature(name: str, dtype: torch.dtype, dims: Sequence[str], label: str = "x") -> str:
-    return f"{TC_TYPES[dtype]}({', '.join(dims)}) {label}"
-
-
-def _softmax_def(rank: int, dim: int, dtype: torch.dtype, log: bool) -> Callable[[str], str]:
-    def make(name: str) -> str:
-        sizes = [f"D{d}" for d in range(rank)]
-        a = [f"a{d}" for d in range(rank)]
-        full = f"({', '.join(a)})"
-        rest = [x for d, x in enumerate(a) if d != dim]
-        red = f"({', '.join(rest)})" if rest else ""
-        result = (f"y{full} = x{full} - m{red} - log(s{red})" if log
-                  else f"y{full} = e{full} / s{red}")
-        return (f"def {name}({_signature(name, dtype, sizes)}) -> (y) {{\n"
-                f"  m{red} max=! x{full}\n  e{full} = exp(x{full} - m{red})\n"
-                f"  s{red} +=! e{full}\n  {result}\n}}\n")
-    return make
-
-
-def _softmax_check(node: Node) -> bool:
-    return not node.kwargs and _args(node)[2] is False
-
-
-def _softmax(region: Region, node: Node, args: list[Any], log: bool) -> Value:
-    x = region.plain(args[0])
-    rank = len(x.shape)
-    dim = _args(node)[1] % rank if rank else 0
-    helper = region.helpers.get(("log_softmax" if log else "softmax", rank, dim, x.dtype),
-                                _softmax_def(rank, dim, x.dtype, log))
-    y = region.fresh()
-    region.statements.append(f"{y} = {helper}({x.tensor})")
-    return Value(y, x.shape, x.dtype)
-
-
-rule(aten._softmax.default, check=_softmax_check)(
-    lambda region, node, args: _softmax(region, node, args, log=False))
-rule(aten._log_softmax.default, check=_softmax_check)(
-    lambda region, node, args: _softmax(region, node, args, log=True))
-
-
-def _layer_norm_def(rank: int, normalized: int, dtype: torch.dtype, weight: bool, bias: bool,
-                    eps: str) -> Callable[[str], str]:
-    def make(name: str) -> str:
-        sizes = [f"D{d}" for d in range(rank)]
-        a = [f"a{d}" for d in range(rank)]
-        outer, inner = rank - normalized, sizes[rank - normalized:]
-        full = f"({', '.join(a)})"
-        row = f"({', '.join(a[:outer])})" if outer else ""
-        params = [_signature(name, dtype, sizes)]
-        scaled = f"d{full} * rstd{row}"
-        if weight:
-            params.append(_signature(name, dtype, inner, "w"))
-            scaled += f" * w({', '.join(a[outer:])})"
-        if bias:
-            params.append(_signature(name, dtype, inner, "b"))
-            scaled += f" + b({', '.join(a[outer:])})"
-        count = f"{TC_TYPES[dtype]}({' * '.join(inner)})"
-        return (f"def {name}({', '.join(params)}) -> (y, mean, rstd) {{\n"
-                f"  s{row} +=! x{full}\n  mean{row} = s{row} / {count}\n"
-                f"  d{full} = x{full} - mean{row}\n  q{row} +=! d{full} * d{full}\n"
-                f"  rstd{row} = rsqrt(q{row} / {count} + {eps})\n  y{full} = {scaled}\n}}\n")
-    return make
-
-
-def _layer_norm_check(node: Node) -> bool:
-    return not node.kwargs and literal(_args(node)[4]) is not None and all(
-        isinstance(a, Node) or a is None for a in _args(node)[2:4])
-
-
-@rule(aten.native_layer_norm.default, check=_layer_norm_check)
-def _layer_norm(region: Region, node: Node, args: list[Any]) -> tuple[Value, ...]:
-    x = region.plain(args[0])
-    rank, normalized = len(x.shape), len(_args(node)[1])
-    weight, bias = (region.plain(a) if isinstance(a, Value) else None for a in args[2:4])
-    eps = literal(_args(node)[4])
-    assert eps is not None
-    helper = region.helpers.get(
-        ("layer_norm", rank, normalized, x.dtype, weight is not None, bias is not None, eps),
-        _layer_norm_def(rank, normalized, x.dtype, weight is not None, bias is not None, eps))
-    y, mean, rstd = region.fresh(), region.fresh(), region.fresh()
-    operands = [x.tensor] + [v.tensor for v in (weight, bias) if v is not None]
-    region.statements.append(f"({y}, {mean}, {rstd}) = {helper}({', '.join(operands)})")
-    outer = rank - normalized
-    stats_shape = x.shape[:outer] + (1,) * normalized
-    stats = [Value(t, x.shape[:outer], x.dtype).view(stats_shape, lambda idx: idx[:outer])
-             for t in (mean, rstd)]
-    return (Value(y, x.shape, x.dtype), *stats)
 
 
 @rule(operator.getitem)

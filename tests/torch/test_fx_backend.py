@@ -11,7 +11,7 @@ torch = pytest.importorskip("torch", reason="torch is an optional dependency "
                             "(pip install polytile[torch])")
 
 import polytile.torch as ptt
-from polytile.interop.fx_rules import reshape_groups
+from polytile.interop.fx_views import reshape_groups
 
 nn, F = torch.nn, torch.nn.functional
 
