@@ -121,10 +121,12 @@ class Inliner:
                                  "indices, e.g. a reduction `+=!`")
         self.count += 1
         tensors, values = self.bind_call(call, callee, ranks, scalars, inputs)
+        own_scalars = {a.name for a in callee.args if isinstance(a, ast.ScalarArg)}
         for s in callee.body:
             if isinstance(s, ast.CallDef):
                 outs = tuple(ast.Name(tensors[o.name], o.loc) for o in s.outputs)
-                args = tuple(ast.Name(values.get(a.name) or tensors[a.name], a.loc)
+                args = tuple(ast.Name(values[a.name] if a.name in own_scalars
+                                      else tensors.get(a.name, a.name), a.loc)
                              for a in s.args)
                 yield from self.expand(ast.CallDef(outs, s.func, args, s.loc), ranks,
                                        scalars, inputs, stack + (call.func,))
