@@ -41,10 +41,11 @@ from polytile.autodiff import Backward, backward, forward_saving
 from polytile.compile import CompiledFunction
 from polytile.errors import ArgumentError, UnsupportedError
 from polytile.interop.adapters import torch_dtype, torch_view
+from polytile.interop.fx import Backend, backend
 from polytile.sema import program as P
 from polytile.sema.specialize import specialize
 
-__all__ = ["op"]
+__all__ = ["Backend", "backend", "op"]
 
 _SCALAR_SCHEMA = {"b": "bool", "i": "int", "u": "int", "f": "float"}
 _count = itertools.count()

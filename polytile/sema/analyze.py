@@ -20,6 +20,7 @@ from polytile.lang import ast
 from polytile.sema import program as P
 from polytile.sema import ranges as R
 from polytile.sema import typing as T
+from polytile.sema.inline import Inliner, substitute_statement
 from polytile.sema.sizes import SizeExpr
 
 
@@ -29,8 +30,8 @@ MAX_EXPANDED = 100_000
 
 
 def analyze(module: ast.Module) -> P.Program:
-    names = frozenset(d.name for d in module.defs)
-    return retry_deep(lambda: P.Program(tuple(_Function(d, names).build()
+    defs = {d.name: d for d in module.defs}
+    return retry_deep(lambda: P.Program(tuple(_Function(d, defs).build()
                                               for d in module.defs)))
 
 
@@ -39,9 +40,10 @@ def _dims_expr(dims: tuple[str | int, ...]) -> tuple[SizeExpr, ...]:
 
 
 class _Function:
-    def __init__(self, d: ast.Def, functions: frozenset[str]):
+    def __init__(self, d: ast.Def, defs: dict[str, ast.Def]):
         self.d = d
-        self.functions = functions
+        self.functions = frozenset(defs)
+        self.calls = Inliner.for_caller(d, defs)
         self.params: list[P.Tensor] = []
         self.sizes: list[str] = []
         self.scalars: dict[str, DType] = {}
@@ -126,14 +128,14 @@ class _Function:
         self.signature()
         stmts: list[ast.Assign] = []
         ranks: dict[str, int] = {n: len(s) for n, s in self.shapes.items()}
+        inputs = {p.name for p in self.params if p.kind == "input"}
         for s in self.d.body:
-            if isinstance(s, ast.CallDef):
-                raise UnsupportedError(
-                    f"calling TC function {s.func} from {self.d.name} is not supported yet",
-                    s.loc, "write the callee's statements inline, or call the functions one "
-                    "after the other from Python")
-            self.check_statement_shape(s, ranks)
-            stmts.append(s)
+            body = (self.calls.expand(s, ranks, self.scalars, inputs)
+                    if isinstance(s, ast.CallDef) else (s,))
+            for inlined in body:
+                self.check_statement_shape(inlined, ranks)
+                stmts.append(inlined)
+        self.adopt_declarations()
         written = [s.tensor for s in stmts]
         for name, o in self.outputs.items():
             if name not in written:
@@ -147,6 +149,11 @@ class _Function:
         for s, st in zip(stmts, statements):
             self.check_reductions(s, st)
             self.check_causality(s, st)
+        if self.calls.aliases:
+            tensor_dtypes = {**dtypes_, **{p.name: p.dtype for p in self.params}}
+            env = self.calls.bind_aliases(shapes, tensor_dtypes)
+            shapes = {n: tuple(x.substitute(env) for x in shape) for n, shape in shapes.items()}
+            statements = [substitute_statement(st, env) for st in statements]
 
         def tensor(name: str, kind: str) -> P.Tensor:
             loc = self.outputs[name].loc if name in self.outputs else next(
@@ -158,6 +165,16 @@ class _Function:
                           tuple(tensor(t, "temp") for t in temps),
                           tuple(statements), tuple(self.sizes), frozenset(inout), self.d.loc)
 
+    def adopt_declarations(self) -> None:
+        """Results of calls whose callee declares their dtype or shape (in its sizes'
+        aliases, bound after range inference) are declared in the caller too, unless the
+        caller declares them itself."""
+        self.sizes_with_aliases = self.sizes + self.calls.aliases
+        for name, dtype in self.calls.declared_dtypes.items():
+            self.declared.setdefault(name, dtype)
+        for name, dims in self.calls.declared_shapes.items():
+            self.shapes.setdefault(name, _dims_expr(dims))
+
     def scope(self, dtypes_: dict[str, DType], visible: set[str],
               ranks: dict[str, int]) -> T.Scope:
         tensors = {p.name: p for p in self.params if p.kind == "input"}
@@ -165,7 +182,8 @@ class _Function:
             shape = self.shapes.get(name) or tuple(SizeExpr.const_(0) for _ in
                                                    range(ranks[name]))
             tensors[name] = P.Tensor(name, dtypes_.get(name, dtypes.INT32), shape, "temp")
-        return T.Scope(tensors, self.scalars, frozenset(self.sizes), dict(self.shapes),
+        return T.Scope(tensors, self.scalars, frozenset(self.sizes_with_aliases),
+                       dict(self.shapes),
                        self.functions)
 
     def infer_dtypes(self, stmts: list[ast.Assign], ranks: dict[str, int]) -> dict[str, DType]:

@@ -147,9 +147,7 @@ MALFORMED = [
                                              "float(N, N) A"),
      pt.CausalityError, 3, 11, r"reads B\(k\)"),
     # ---------------------------------------------------------------- not supported
-    ("call statement", fn("  B(i) = A(i)", outs="B") + fn("  (B) = f(A)").replace("def f",
-                                                                                  "def g"),
-     pt.UnsupportedError, 5, 3, "calling TC function f from g"),
+    ("recursive call", fn("  (B) = f(A)"), pt.TypeCheckError, 2, 3, r"f calls itself \(f -> f\)"),
     ("call in an expression", fn("  B(i) = A(i)") + fn("  B(i) = f(A(i))").replace("def f",
                                                                                  "def g"),
      pt.UnsupportedError, 5, 10, "inside an expression"),
@@ -174,7 +172,7 @@ def test_there_are_many_malformed_programs():
 def test_errors_carry_hints_where_a_fix_is_known():
     hinted = ["unknown type", "missing arrow", "reduction index in =", "float to int output",
               "in-place transpose", "ambiguous range", "unconstrained range", "float subscript",
-              "writing an input", "call statement", "literal does not fit"]
+              "writing an input", "recursive call", "literal does not fit"]
     for name, src, cls, *_ in MALFORMED:
         if name in hinted:
             with pytest.raises(cls) as info:
@@ -224,13 +222,14 @@ def test_paper_production_model_is_rejected():
     with pytest.raises(pt.TypeCheckError, match="output O1 is never written") as info:
         pt.define(src, backend="interp")
     assert (info.value.loc.line, info.value.loc.col) == (14, 18)
-    # ... and without MLP3, at prodModel's first call statement.
+    # ... and without MLP3, the call of 2LUT inlines; the call of MLP1 gets `I`, which
+    # the pseudo-code's `I = concat(...)` (not TC) wrote as a scalar.
     src = "".join(paper_def("production_model.tc", name)
                   for name in ("2LUT", "MLP1", "prodModel"))
-    with pytest.raises(pt.UnsupportedError, match="calling TC function 2LUT from prodModel"
-                       ) as info:
+    with pytest.raises(pt.TypeCheckError, match="MLP1's parameter I has 2 dimensions, but I "
+                       "has 0") as info:
         pt.define(src, backend="interp", name="bad.tc")
-    assert_located(info.value, 19, 1, src)
+    assert_located(info.value, 22, 11, src)
 
 
 @pytest.mark.parametrize("name", ["gconv", "dconv"])
