@@ -6,7 +6,8 @@
     polytile cache inject FILE.tc --sizes ... --options '{"schedules": {...}}' | @options.json
 
 `tune` runs on random inputs (floats uniform in [-1, 1), integers in [0, smallest
-size) so that index tensors stay in bounds) and prints the best options, as text and
+size) so that gathers stay in bounds; where they still fall outside, as an offset table
+can, on zero indices, and says so) and prints the best options, as text and
 as the JSON `inject` takes, and the speedup table. `--cluster` runs the candidates on
 Dask workers (polytile.tune.cluster). `import` takes only the entries measured on this
 machine's hardware (their key's target is the one this host selects for that name).
@@ -20,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from polytile.errors import ArgumentError, PolytileError
+from polytile.errors import ArgumentError, OutOfBoundsError, PolytileError
 
 
 def run_tune(args: argparse.Namespace) -> int:
@@ -42,7 +43,17 @@ def run_tune(args: argparse.Namespace) -> int:
     results = []
     for fn in functions:
         arguments = random_arguments(fn, args.sizes or {}, np.random.default_rng(args.seed))
-        result = module[fn.name].tune(*arguments, **settings)
+        try:
+            result = module[fn.name].tune(*arguments, **settings)
+        except OutOfBoundsError as e:
+            # Random indices fit a gather's table but not every index function (an
+            # offset table like a shift convolution's: h + sh(c)); zeros fit both.
+            zeroed = zero_indices(arguments)
+            if zeroed is None:
+                raise
+            print(f"{fn.name}: random index tensors went out of bounds ({e.message}); "
+                  "tuning with zero indices instead", file=sys.stderr)
+            result = module[fn.name].tune(*zeroed, **settings)
         results.append(result)
         for note in result.notes:
             print(f"{fn.name}: {note}")
@@ -83,6 +94,14 @@ def random_arguments(fn: Any, sizes: dict[str, int], rng: np.random.Generator) -
         else:
             out.append(rng.random(shape) < 0.5)
     return out
+
+
+def zero_indices(arguments: list[Any]) -> list[Any] | None:
+    """`arguments` with every integer tensor zeroed; None if there is none."""
+    if not any(isinstance(a, np.ndarray) and a.dtype.kind in "iu" for a in arguments):
+        return None
+    return [np.zeros_like(a) if isinstance(a, np.ndarray) and a.dtype.kind in "iu" else a
+            for a in arguments]
 
 
 def run_cache(args: argparse.Namespace) -> int:

@@ -68,3 +68,20 @@ def test_a_run_without_best_options_says_why() -> None:
     text = no_best(SimpleNamespace(candidates=0), "4s")
     assert "budget of 4s ended before any candidate was measured" in text
     assert "no candidate ran correctly: 5 measured" in no_best(SimpleNamespace(candidates=5), "1m")
+
+
+def test_tune_falls_back_to_zero_indices_when_random_ones_are_out_of_bounds(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """A shift table: random values in [0, smallest size) push h + sh(c) past the input's
+    rows; the run goes on with zero shifts and says so, instead of stopping."""
+    monkeypatch.setenv("POLYTILE_CACHE_DIR", str(tmp_path / "cache"))
+    path = tmp_path / "shift.tc"
+    path.write_text("def shift(float(C,H) X, int32(C) sh) -> (Y) {\n"
+                    "  Y(c,h) = X(c, h + 1 + sh(c)) where h in 0:H-2\n}\n")
+    assert cli.main(["tune", str(path), "--sizes", "C=40,H=12", "--budget", "2m",
+                     "--candidates", "3", "--population", "3", "--strategy", "random",
+                     "--quiet"]) == 0
+    captured = capsys.readouterr()
+    assert "tuning with zero indices instead" in captured.err
+    assert "shift: best options" in captured.out
