@@ -227,10 +227,7 @@ def _training(args: argparse.Namespace, facts: dict[str, str], command: str, dat
     print(format_text(*training.table(rows)))
     wrong = any(r.status.startswith("WRONG") for r in rows)
     if args.write:
-        title = "Training step" + (" (quick smoke run, small sizes)" if args.quick else "")
-        text = [f"## {title}", "", f"- date: {date}", f"- command: `{command}`", "",
-                "### Machine", ""] + [f"- {k}: {v}" for k, v in facts.items()]
-        text += [f"- warning: {busy}"] if busy else []
+        text = _section_head("Training step", args.quick, date, command, facts, busy)
         text += ["", format_markdown(*training.table(rows)), "", training.NOTE]
         path = results_path(args.write)
         write_section(path, _section("training", args), "\n".join(text))
@@ -273,10 +270,7 @@ def _fusion(args: argparse.Namespace, facts: dict[str, str], command: str, date:
     print(format_text(*fusion.table(rows)))
     wrong = any(r.status.startswith("WRONG") for r in rows)
     if args.write:
-        title = "Fusion plans" + (" (quick smoke run, small sizes)" if args.quick else "")
-        text = [f"## {title}", "", f"- date: {date}", f"- command: `{command}`", "",
-                "### Machine", ""] + [f"- {k}: {v}" for k, v in facts.items()]
-        text += [f"- warning: {busy}"] if busy else []
+        text = _section_head("Fusion plans", args.quick, date, command, facts, busy)
         text += ["", "### Cost model probe", ""] + [f"- {line}" for line in probe[:2]]
         text += ["", format_markdown(*fusion.table(rows)), "", fusion.NOTE]
         path = results_path(args.write)
@@ -337,3 +331,12 @@ def _argv(args: argparse.Namespace) -> list[str]:
     if getattr(args, "target", None):
         argv.append(f"--target={args.target}")
     return argv
+
+
+def _section_head(title: str, quick: bool, date: str, command: str, facts: dict[str, str],
+                  busy: str) -> list[str]:
+    """The heading of a recorded run: title, date, command, the machine's facts."""
+    title += " (quick smoke run, small sizes)" if quick else ""
+    text = [f"## {title}", "", f"- date: {date}", f"- command: `{command}`", "",
+            "### Machine", ""] + [f"- {k}: {v}" for k, v in facts.items()]
+    return text + ([f"- warning: {busy}"] if busy else [])
