@@ -27,15 +27,18 @@ def config(tmp_path):
     return dataclasses.replace(load_config(), cache_dir=tmp_path / "cache", ignore_tuned=True)
 
 
-def test_a_bounded_campaign_finds_nothing(config):
+@pytest.mark.parametrize("cases, compile_cases", [
+    (600, 15), pytest.param(1500, 80, marks=pytest.mark.slow)])   # 45 s on a Zen 3 EPYC
+def test_a_bounded_campaign_finds_nothing(config, cases, compile_cases):
     programs = tuple(corpus(default_corpus_paths()))
-    report = run(Campaign(cases=1500, compile_cases=80, seed=0, corpus=programs,
+    report = run(Campaign(cases=cases, compile_cases=compile_cases, seed=0, corpus=programs,
                           config=config))
     assert report.ok, "\n\n".join(f.reproducer() for f in report.failures)
-    assert sum(report.front_end.values()) == 1500
-    assert report.front_end["accepted"] >= 300 and report.front_end["rejected"] >= 300
-    assert sum(report.compiled.values()) == 80
-    assert report.compiled["compared"] >= 50
+    assert sum(report.front_end.values()) == cases
+    assert report.front_end["accepted"] >= cases // 5
+    assert report.front_end["rejected"] >= cases // 5
+    assert sum(report.compiled.values()) == compile_cases
+    assert report.compiled["compared"] >= compile_cases * 5 // 8
 
 
 def test_the_corpus_holds_the_paper_and_the_conformance_programs():

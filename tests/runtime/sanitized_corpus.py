@@ -1,7 +1,8 @@
 """Run conformance cases through compiled kernels in this process: the body of the
 sanitizer job (tests/runtime/test_sanitize.py runs it under `polytile sanitize`).
 
-    python tests/runtime/sanitized_corpus.py [NAME_SUBSTRING ...]   (none: every case)
+    python tests/runtime/sanitized_corpus.py [--every N] [NAME_SUBSTRING ...]
+        (no names: every case; --every N: every N-th of them)
 
 Prints one line per case and exits non-zero on the first disagreement; a sanitizer
 report ends the process by itself.
@@ -53,8 +54,11 @@ def gathers_at_the_bounds() -> None:
     print("ok gathers at the bounds", flush=True)
 
 
-def main(names: list[str]) -> int:
-    cases = [c for c in CASES if not names or any(n in c.name for n in names)]
+def main(args: list[str]) -> int:
+    every = 1
+    if args[:1] == ["--every"]:
+        every, args = int(args[1]), args[2:]
+    cases = [c for c in CASES if not args or any(n in c.name for n in args)][::every]
     for case in cases:
         run_case(case, "c", seed=0)
         print(f"ok {case.name}", flush=True)

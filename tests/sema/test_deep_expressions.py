@@ -22,7 +22,8 @@ def program(expr: str) -> str:
     return f"def f(float(N) A) -> (B) {{ B(i) = {expr} }}"
 
 
-@pytest.mark.parametrize("backend", ["interp", "c"])
+@pytest.mark.parametrize("backend", [
+    "interp", pytest.param("c", marks=pytest.mark.slow)])    # c: gcc takes 50 s on it
 def test_a_chain_of_10000_terms_compiles_and_runs(backend: str, tmp_path: Path) -> None:
     terms = [f"A(i) * {k % 7}.0" for k in range(10_000)]
     mod = pt.define(program(" + ".join(terms)), backend=backend,
