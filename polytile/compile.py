@@ -291,16 +291,9 @@ class CompiledFunction:
                         or any(isinstance(a, np.ndarray) and np.may_share_memory(a, o)
                                for a in args)):
                     return None
-        buffers = []
-        for a, dtype, scalar, dt, limit in zip(args, self._dtypes, self._scalar, self._types,
-                                               self._limits):
-            if scalar:
-                a = _scalar_buffer(a, dtype, dt, limit)
-                if a is None:
-                    return None
-            elif type(a) is not np.ndarray or a.dtype != dtype or not a.flags.c_contiguous:
-                return None
-            buffers.append(a)
+        buffers = self._buffers(args, addresses=False)
+        if buffers is None:
+            return None
         if out is None:
             outs = [allocate(shape, dtype) for allocate, shape, dtype in self._allocate]
         self._check(self.kernel(buffers + outs))
@@ -317,16 +310,28 @@ class CompiledFunction:
         (an int) of C-contiguous memory of exactly its shape and dtype, checked by the
         caller, and the raw scalars; `outputs` the outputs' addresses, memory that
         overlaps no input. False (nothing run) when a scalar needs the checked path."""
+        buffers = self._buffers(args, addresses=True)
+        if buffers is None:
+            return False
+        self._check(self.kernel(buffers + list(outputs)))
+        return True
+
+    def _buffers(self, args: Sequence[Any], addresses: bool) -> list[Any] | None:
+        """What the kernel reads for `args`: scalars as 0-d arrays, tensors as they are
+        (C-contiguous arrays of the parameter's dtype, checked here; or, with
+        `addresses`, data addresses the caller checked). None: the checked path."""
         buffers: list[Any] = []
         for a, dtype, scalar, dt, limit in zip(args, self._dtypes, self._scalar, self._types,
                                                self._limits):
             if scalar:
                 a = _scalar_buffer(a, dtype, dt, limit)
                 if a is None:
-                    return False
+                    return None
+            elif not addresses and (type(a) is not np.ndarray or a.dtype != dtype
+                                    or not a.flags.c_contiguous):
+                return None
             buffers.append(a)
-        self._check(self.kernel(buffers + list(outputs)))
-        return True
+        return buffers
 
     def _check(self, failure: Any) -> None:
         if failure is None:
