@@ -1,4 +1,5 @@
-"""Test-wide setup: a private compilation cache so tests never touch the user's cache."""
+"""Test-wide setup: a private compilation cache so tests never touch the user's cache.
+The fixture is per session, so each pytest-xdist worker (`-n auto`) has its own."""
 import os
 import tempfile
 

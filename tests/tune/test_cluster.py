@@ -156,7 +156,7 @@ def test_crashing_wrong_and_hanging_candidates_are_rejected_on_workers(
     start = [_schedule(u) for u in (3, 5, 6, 4, 2)]
     result = polytile.tune(mod.tmm, *tmm_args, cluster=faulty_client, start=start,
                            population=6, candidates=6, confirm=0, run_timeout=4,
-                           build_timeout=4, budget=120, progress=False)
+                           build_timeout=20, budget=120, progress=False)
     rows = TuningDatabase.of(config).measurements(result.key)
     status = {faults.behaviour(Options.from_json(r["options"])): r["status"] for r in rows}
     assert status["crash"] == "crash" and status["wrong"] == "wrong"
