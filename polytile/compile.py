@@ -35,6 +35,7 @@ from polytile.runtime.cache import KernelCache, LoadedLibrary
 from polytile.runtime.files import sha256_text
 from polytile.runtime.kernel import Runnable
 from polytile.runtime.key import CacheKey
+from polytile.runtime.pool import OutputPool, output_pool
 from polytile.runtime.sanitize import missing_runtime
 from polytile.sema.canonical import canonical
 from polytile.sema.specialize import Specialized
@@ -166,7 +167,8 @@ class Compiler:
         params = built.fn.params
         written = overwritten_first(built.fn.body, ("out", "inout"))
         unfilled = tuple(p in written for p in params[len(params) - len(spec.fn.outputs):])
-        return CompiledFunction(spec, kernel, built.library.source_path, built.key, unfilled)
+        return CompiledFunction(spec, kernel, built.library.source_path, built.key, unfilled,
+                                output_pool(self.config.output_pool_bytes))
 
 
 _WARNED: set[tuple[str, str]] = set()     # (key, entry) reported unusable in this process
@@ -231,7 +233,8 @@ class CompiledFunction:
     `run_fast` raw call arguments (returning None when they need the checked path)."""
 
     def __init__(self, spec: Specialized, kernel: Runnable, source_path: Any,
-                 key: CacheKey | None = None, unfilled: tuple[bool, ...] = ()):
+                 key: CacheKey | None = None, unfilled: tuple[bool, ...] = (),
+                 pool: OutputPool | None = None):
         self.fn = spec.fn
         self.kernel = kernel
         self.source_path = source_path
@@ -244,10 +247,12 @@ class CompiledFunction:
                              for p in params)
         self.output_types = tuple((spec.shape(o.name), o.dtype.numpy) for o in spec.fn.outputs)
         # Outputs whose every element the kernel writes before reading it are allocated
-        # without clearing (np.zeros of 16 MB costs 0.12 ms, np.empty nothing).
-        # Each output's allocator, chosen once: np.empty where the kernel writes every
+        # without clearing (np.zeros of 16 MB costs 0.12 ms, np.empty nothing), from
+        # the output pool where there is one (no page faults on memory used before).
+        # Each output's allocator, chosen once: uncleared where the kernel writes every
         # element before reading it, else np.zeros.
-        self._allocate = tuple((_uncleared if k < len(unfilled) and unfilled[k] else np.zeros,
+        uncleared = pool.empty if pool is not None else _uncleared
+        self._allocate = tuple((uncleared if k < len(unfilled) and unfilled[k] else np.zeros,
                                 shape, dtype) for k, (shape, dtype) in enumerate(self.output_types))
         self.cleared = tuple(a is np.zeros for a, _, _ in self._allocate)
         self._fast_ok = not spec.fn.inout

@@ -17,6 +17,7 @@ changes nothing:
 | POLYTILE_KEEP_BUILD_DIRS  | keep_build_dirs    | off                                      |
 | POLYTILE_IGNORE_TUNED     | ignore_tuned       | off: calls use the tuning database's best |
 | POLYTILE_SANITIZE         | sanitize           | none; `address,undefined` builds kernels with those sanitizers (polytile.runtime.sanitize) |
+| POLYTILE_OUTPUT_POOL_MB   | output_pool_bytes  | 256: large outputs reuse up to this much memory the process already touched (polytile.runtime.pool); 0: off |
 
 POLYTILE_CC may be a command with arguments, e.g. `POLYTILE_CC="ccache gcc"` or
 `POLYTILE_CC="cc -fno-strict-aliasing"`.
@@ -55,6 +56,8 @@ class Config:
     ignore_tuned: bool = False
     # Sanitizers kernels are built with, sorted: () or a subset of ("address", "undefined").
     sanitize: tuple[str, ...] = ()
+    # Bytes of output blocks kept for reuse (polytile.runtime.pool); 0 turns it off.
+    output_pool_bytes: int = 256 << 20
 
     def __post_init__(self) -> None:
         # A str or any os.PathLike works; made absolute now, so a later os.chdir
@@ -75,6 +78,7 @@ def load_config(environ: Mapping[str, str] | None = None) -> Config:
         keep_build_dirs=_flag(env, "POLYTILE_KEEP_BUILD_DIRS"),
         ignore_tuned=_flag(env, "POLYTILE_IGNORE_TUNED"),
         sanitize=parse_sanitizers(env.get("POLYTILE_SANITIZE", ""), "POLYTILE_SANITIZE"),
+        output_pool_bytes=_megabytes(env, "POLYTILE_OUTPUT_POOL_MB", 256) << 20,
     )
 
 
@@ -101,3 +105,13 @@ def _flag(env: Mapping[str, str], name: str) -> bool:
         return False
     raise PolytileError(f"{name}={env[name]!r} is not a yes/no value",
                         hint=f"set {name}=1 to turn it on or unset it to turn it off")
+
+
+def _megabytes(env: Mapping[str, str], name: str, default: int) -> int:
+    value = env.get(name, "").strip()
+    if not value:
+        return default
+    if not value.isdigit():
+        raise PolytileError(f"{name}={env[name]!r} is not a whole number of megabytes",
+                            hint=f"set {name}=0 to turn it off, or unset it for {default}")
+    return int(value)

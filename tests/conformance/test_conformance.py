@@ -120,6 +120,7 @@ def test_outputs_allocated_without_clearing_are_written_in_full(monkeypatch, eve
     (every other one in the ordinary run) must still agree, and some must have taken
     that path."""
     import polytile.compile as compile_module
+    from polytile.runtime.pool import OutputPool
 
     poisoned: list[tuple[int, ...]] = []
 
@@ -132,6 +133,7 @@ def test_outputs_allocated_without_clearing_are_written_in_full(monkeypatch, eve
         return out
 
     monkeypatch.setattr(compile_module, "_uncleared", garbage)
+    monkeypatch.setattr(OutputPool, "empty", lambda self, shape, dtype: garbage(shape, dtype))
     _MODULES.clear()
     try:
         for case in CASES[::every]:
