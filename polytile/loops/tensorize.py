@@ -18,6 +18,14 @@ whose accumulator has L lanes and whose two operands hold G values per lane.
           and so are Bp's)
           C[m_i, n0_j : ...] = acc[i][j]
 
+An instruction without an accumulator operand (vpmaddwd: `d(l) +=! ...`) computes only
+the group sums; its result joins the accumulator with the description's aggregation,
+`acc[i][j] = acc[i][j] + I(a_i, b_j)` (a vector add). An operand narrower than the
+instruction's (a u8 or s8 matrix on vpmaddwd's s16 pairs: the inspector proved the
+widening exact) is converted when it is packed: Bp holds the instruction's dtype, and a
+widened broadcast operand is packed too, Ap[(row * groups + g) * G + t] = A[row, G*g + t]
+(zeros past K), so that a row's group is still one word broadcast.
+
 Sixteen accumulators hide the instruction's latency. Other output loops are looped
 outside (other reduction loops are not lowered yet: pass `tensorize` leaves such blocks
 alone). The tile (ROWS x CHAINS) and the block (COLUMNS) are constants of this lowering,
@@ -26,6 +34,7 @@ TC description, so the loops are checked like any others.
 """
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 from polytile.errors import IRError
@@ -52,10 +61,10 @@ def lower_block(low: Lowering, blk: Block, outer: Scope) -> list[L.Stmt]:
     if mapping is None:
         raise IRError(f"block {blk.name} cannot run on {t.instruction} along "
                       f"{t.lane} and {t.reduction}")
-    acc_t, a_t, b_t = d.definition.inputs
+    (acc_t,), (a_t, b_t) = d.definition.outputs, d.operand_types
     lanes, group = acc_t.lanes, a_t.lanes // acc_t.lanes
     views = dict(mapping.operands)
-    x_ref, y_ref = blk.ref(views["p1"]), blk.ref(views["p2"])
+    x_ref, y_ref = (blk.ref(views[v]) for v in d.operands)
     out_ref = output(blk)
     assert out_ref is not None             # the inspector mapped a store
     loops = {i.name: i.range for i in blk.idxs if i.affine is None and i.range > 1}
@@ -69,19 +78,65 @@ def lower_block(low: Lowering, blk: Block, outer: Scope) -> list[L.Stmt]:
     def view(ref, at):  # type: ignore[no-untyped-def]
         return child_view(ref, outer.views[ref.from_], {**idx, **at})
 
+    def element(ref, at: dict[str, Affine], dtype) -> tuple[list[L.Stmt], str]:  # type: ignore[no-untyped-def]
+        """`ref` at `at` as one value of `dtype` (converted where the instruction's
+        operand is wider: the inspector proved the widening exact), and its name."""
+        v = view(ref, at)
+        value = low.fresh("s")
+        read: list[L.Stmt] = [L.Let(value, L.VType(v.dtype), L.Read(v.ptr, v.offset))]
+        if v.dtype == dtype:
+            return read, value
+        wide = low.fresh("s")
+        return read + [L.Let(wide, L.VType(dtype), L.Op("cast", (value,), dtype))], wide
+
+    def in_group(g: str) -> L.IExpr:
+        """The values in group `g`: G, fewer in a last partial group."""
+        return L.IMin((Affine.constant(group), Affine.constant(n_red)
+                       - Affine.index(g).scale(group)))
+
     # The packed operand: groups of G values of each lane, zero past the extents.
     packed = low.fresh("l")
     g, p, e = low.fresh("i"), low.fresh("i"), low.fresh("i")
-    y = view(y_ref, {t.lane: Affine.index(p), t.reduction: Affine.index(g).scale(group)
-                     + Affine.index(e)})
-    value = low.fresh("s")
-    pack = L.Loop(g, Affine.constant(0), Affine.constant(groups), (
+    put, value = element(y_ref, {t.lane: Affine.index(p), t.reduction:
+                                 Affine.index(g).scale(group) + Affine.index(e)}, b_t.dtype)
+    pack: list[L.Stmt] = [L.Loop(g, Affine.constant(0), Affine.constant(groups), (
         L.Loop(p, Affine.constant(0), Affine.constant(n_lane), (
-            L.Loop(e, Affine.constant(0), L.IMin((Affine.constant(group), Affine.constant(
-                n_red) - Affine.index(g).scale(group))), (
-                L.Let(value, L.VType(y.dtype), L.Read(y.ptr, y.offset)),
-                L.Store(packed, (Affine.index(g).scale(padded) + Affine.index(p)).scale(group)
-                        + Affine.index(e), value))),)),))
+            L.Loop(e, Affine.constant(0), in_group(g), (
+                *put, L.Store(packed, (Affine.index(g).scale(padded) + Affine.index(p))
+                              .scale(group) + Affine.index(e), value))),)),))]
+    buffers = [L.Buffer(packed, b_t.dtype, groups * padded * group, "heap", "global", "zero",
+                        label=f"{safe(y_ref.into)} packed for {t.instruction}")]
+
+    # A widened broadcast operand: converted once, its rows (the output loops it reads,
+    # row-major) in groups of G, so that a row's group is one word again:
+    # Ap[(row * groups + g) * G + t].
+    x_rows = [n for n in par if n in uses(x_ref)]
+
+    def x_row(at: dict[str, Affine]) -> Affine:
+        row = Affine.constant(0)
+        for n in x_rows:
+            row = row.scale(loops[n]) + at[n]
+        return row
+
+    x_packed = None
+    if x_ref.shape.dtype != a_t.dtype:
+        x_packed = low.fresh("l")
+        row_vars = {n: low.fresh("i") for n in x_rows}
+        x_at = {n: Affine.index(v) for n, v in row_vars.items()}
+        g, e = low.fresh("i"), low.fresh("i")
+        put, value = element(x_ref, {**x_at, t.reduction: Affine.index(g).scale(group)
+                                     + Affine.index(e)}, a_t.dtype)
+        widen: L.Stmt = L.Loop(g, Affine.constant(0), Affine.constant(groups), (
+            L.Loop(e, Affine.constant(0), in_group(g), (
+                *put, L.Store(x_packed, (x_row(x_at).scale(groups) + Affine.index(g))
+                              .scale(group) + Affine.index(e), value))),))
+        for n in reversed(x_rows):
+            widen = L.Loop(row_vars[n], Affine.constant(0), Affine.constant(loops[n]), (widen,))
+        pack.append(widen)
+        buffers.append(L.Buffer(x_packed, a_t.dtype,
+                                math.prod(loops[n] for n in x_rows) * groups * group, "heap",
+                                "global", "zero",
+                                label=f"{safe(x_ref.into)} widened for {t.instruction}"))
 
     def tile(rows: list[dict[str, Affine]], starts: list[tuple[Affine, int | None]]
              ) -> list[L.Stmt]:
@@ -104,24 +159,34 @@ def lower_block(low: Lowering, blk: Block, outer: Scope) -> list[L.Stmt]:
                                                  .scale(group), b_t.lanes)))
                 chunk.append(b)
             for row, row_accs in zip(rows, accs):
-                x = view(x_ref, {**row, t.reduction: gv.scale(group)})
                 few, a = low.fresh("v"), low.fresh("v")
-                body += [L.Let(few, L.VType(a_t.dtype, group),
-                               L.Read(x.ptr, x.offset, group, _count(present))),
+                if x_packed is None:
+                    x = view(x_ref, {**row, t.reduction: gv.scale(group)})
+                    read = L.Read(x.ptr, x.offset, group, _count(present))
+                else:     # zeros past the extent: the last group reads them
+                    read = L.Read(x_packed, (x_row(row).scale(groups) + gv).scale(group), group)
+                body += [L.Let(few, L.VType(a_t.dtype, group), read),
                          L.Let(a, a_t, L.Shuffle(few, few, tuple(range(group)) * lanes))]
                 for acc, b in zip(row_accs, chunk):
                     r = low.fresh("v")
-                    body += [L.Instruction(d.name, (r,), (acc, a, b)),
-                             L.Assign(acc, L.Name(r))]
+                    if d.accumulates:
+                        body += [L.Instruction(d.name, (r,), (acc, a, b)),
+                                 L.Assign(acc, L.Name(r))]
+                    else:
+                        body += [L.Instruction(d.name, (r,), (a, b)),
+                                 L.Assign(acc, L.Combine(d.aggregation, acc, r))]
             return body
 
         gvar = low.fresh("i")
         inner: list[L.Stmt] = []
-        if n_red // group:
-            inner.append(L.Loop(gvar, Affine.constant(0), Affine.constant(n_red // group),
+        # A packed broadcast operand has zeros past the extent, as Bp does: its last
+        # partial group is an ordinary one.
+        whole = groups if x_packed is not None else n_red // group
+        if whole:
+            inner.append(L.Loop(gvar, Affine.constant(0), Affine.constant(whole),
                                 tuple(step(Affine.index(gvar), None))))
-        if n_red % group:
-            inner += step(Affine.constant(n_red // group), n_red % group)
+        if whole < groups:
+            inner += step(Affine.constant(whole), n_red % group)
         post = [L.Store(o.ptr, o.offset, a, "assign", _count(n))
                 for row_accs, row_outs in zip(accs, outs)
                 for a, o, (_, n) in zip(row_accs, row_outs, starts)]
@@ -187,11 +252,9 @@ def lower_block(low: Lowering, blk: Block, outer: Scope) -> list[L.Stmt]:
         kind = "parallel" if blk.schedule.parallel == name else "serial"
         nest = [L.Loop(outer_vars[name], Affine.constant(0), Affine.constant(loops[name]),
                        tuple(nest), kind)]
-    buffer = L.Buffer(packed, b_t.dtype, groups * padded * group, "heap", "global", "zero",
-                      label=f"{safe(y_ref.into)} packed for {t.instruction}")
     return [L.Comment(f"block {safe(blk.name)}: {t.instruction}, lanes along {t.lane}, "
                       f"groups along {t.reduction}"),
-            L.Alloc((buffer,), (pack, *nest))]
+            L.Alloc(tuple(buffers), (*pack, *nest))]
 
 
 def _count(n: int | None) -> L.IExpr | None:
