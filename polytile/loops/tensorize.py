@@ -2,14 +2,16 @@
 reduction)`, set by pass `tensorize`): UNIT's rewriter for vpdpbusd-like instructions,
 whose accumulator has L lanes and whose two operands hold G values per lane.
 
-    block s0 [m:M, n:N, k:K] schedule(tensorize(vpdpbusd_512, n, k)) (
+    block s0 [m:M, n:N, k:K] schedule(tensorize(vpdpbusd_512, n, k, 4, 4)) (
       out C[m, n]:add   in A[m, k] uint8 (broadcast)   in B[k, n] int8 (packed) )
 
 ->  Bp = the packed operand in groups: Bp[(g * N16 + n) * G + t] = B[G*g + t, n], zeros past
          K and N (allocated and filled once per call);
     for blocks of 256 lanes of n (a block of Bp stays in L2 while every row passes):
-      for 4 rows of m at a time (threads, if the schedule says so; then single rows):
-        for 4 chunks of 16 lanes at a time (then single chunks, then a masked tail):
+      for 4 rows of m at a time (the schedule's rows; threads, if the schedule says so;
+                                 then single rows):
+        for 4 chunks of 16 lanes at a time (the schedule's chains; then single chunks,
+                                            then a masked tail):
           acc[i][j] = C[m_i, n0_j : n0_j + 16]
           for g < K / G:  b_j = Bp[g, n0_j : n0_j + 16, :] (one load for the 4 rows);
                           a_i = the G bytes A[m_i, G*g : G*g + G] in every lane (one
@@ -26,10 +28,10 @@ widening exact) is converted when it is packed: Bp holds the instruction's dtype
 widened broadcast operand is packed too, Ap[(row * groups + g) * G + t] = A[row, G*g + t]
 (zeros past K), so that a row's group is still one word broadcast.
 
-Sixteen accumulators hide the instruction's latency. Other output loops are looped
-outside (other reduction loops are not lowered yet: pass `tensorize` leaves such blocks
-alone). The tile (ROWS x CHAINS) and the block (COLUMNS) are constants of this lowering,
-not yet schedule fields the tuner could change. The interpreter runs the instruction's
+The rows x chains accumulators (chosen by pass `tensorize` from the target's vector
+registers) hide the instruction's latency. Other output loops are looped outside (other
+reduction loops are not lowered yet: pass `tensorize` leaves such blocks alone). The
+block (COLUMNS) is a constant of this lowering, not yet a schedule field. The interpreter runs the instruction's
 TC description, so the loops are checked like any others.
 """
 from __future__ import annotations
@@ -45,8 +47,6 @@ from polytile.loops.views import Scope, child_view, fixed_indices, safe
 if TYPE_CHECKING:
     from polytile.loops.lower import Lowering
 
-CHAINS = 4          # chunks of lanes per tile: independent chains of the instruction
-ROWS = 4            # rows per tile: CHAINS x ROWS accumulators, each operand load reused
 COLUMNS = 256       # lanes per block of the packed operand (K x 256 bytes: kept in L2)
 
 
@@ -193,18 +193,18 @@ def lower_block(low: Lowering, blk: Block, outer: Scope) -> list[L.Stmt]:
         return pre + inner + post
 
     def lanes_of(rows: list[dict[str, Affine]], start: Affine, count: int) -> list[L.Stmt]:
-        """The tiles of lanes [start, start + count): CHAINS chunks at a time, then
+        """The tiles of lanes [start, start + count): t.chains chunks at a time, then
         single chunks, then a masked tail."""
         full, tail = count // lanes, count % lanes
-        quads = full - full % CHAINS
+        quads = full - full % t.chains
         body: list[L.Stmt] = []
         c = low.fresh("i")
         if quads:
             body.append(L.Loop(c, Affine.constant(0), Affine.constant(quads * lanes), tuple(
                 tile(rows, [(start + Affine.index(c) + j * lanes, None)
-                            for j in range(CHAINS)])), step=CHAINS * lanes))
+                            for j in range(t.chains)])), step=t.chains * lanes))
         c = low.fresh("i")
-        if full % CHAINS:
+        if full % t.chains:
             body.append(L.Loop(c, Affine.constant(quads * lanes),
                                Affine.constant(full * lanes),
                                tuple(tile(rows, [(start + Affine.index(c), None)])),
@@ -218,7 +218,7 @@ def lower_block(low: Lowering, blk: Block, outer: Scope) -> list[L.Stmt]:
                       f"{t.reduction} is not lowered yet",
                       hint="pass tensorize leaves such blocks to the vector code")
     # Output loops: all but the last are looped outside; the last one's rows are taken
-    # ROWS at a time (then one at a time), inside blocks of COLUMNS lanes, so that a block
+    # t.rows at a time (then one at a time), inside blocks of COLUMNS lanes, so that a block
     # of the packed operand stays in cache while every row streams past it.
     outer_vars = {name: low.fresh("i") for name in par[:-1]}
     at = {name: Affine.index(v) for name, v in outer_vars.items()}
@@ -230,15 +230,15 @@ def lower_block(low: Lowering, blk: Block, outer: Scope) -> list[L.Stmt]:
             return lanes_of([at], start, count)
         last = par[-1]
         kind = "parallel" if blk.schedule.parallel == last else "serial"
-        many = loops[last] - loops[last] % ROWS
+        many = loops[last] - loops[last] % t.rows
         out: list[L.Stmt] = []
         v = low.fresh("i")
         if many:
             out.append(L.Loop(v, Affine.constant(0), Affine.constant(many), tuple(lanes_of(
-                [{**at, last: Affine.index(v) + k} for k in range(ROWS)], start, count)),
-                kind, step=ROWS))
+                [{**at, last: Affine.index(v) + k} for k in range(t.rows)], start, count)),
+                kind, step=t.rows))
         v = low.fresh("i")
-        if loops[last] % ROWS:
+        if loops[last] % t.rows:
             out.append(L.Loop(v, Affine.constant(many), Affine.constant(loops[last]), tuple(
                 lanes_of([{**at, last: Affine.index(v)}], start, count)), kind))
         return out

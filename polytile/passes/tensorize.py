@@ -13,16 +13,20 @@ host without AVX-VNNI runs a u8 x s8 matmul on vpmaddwd, its operands widened to
 * the other operand reads plain subscripts of the lane and reduction loops and nothing
   else (it is packed once per call into groups of lanes).
 
-It records `schedule(tensorize(instruction, lane, reduction))` and tags the block
-`tensorized` instead of `kernel`/`contraction`, so the later passes leave it alone;
-`parallel` names the outermost other output loop where the work pays for threads.
+It records `schedule(tensorize(instruction, lane, reduction, rows, chains))` and tags
+the block `tensorized` instead of `kernel`/`contraction`, so the later passes leave it
+alone; `parallel` names the outermost other output loop where the work pays for threads.
+The register tile is `chains` = 4 chunks of lanes by as many rows (at most 4) as the
+target's vector registers hold beside one broadcast row and one instruction result:
+4 x 4 with AVX-512's 32 registers, 3 x 4 with AVX2's 16 (4 x 4 spills two
+accumulators there).
 
     block s0 [i0:M, i1:N, i2:K] #contraction #kernel (    block s0 [i0:M, i1:N, i2:K] #tensorized
       out o0 <- o0[i0, i1] int32:add                ->      schedule(parallel(i0),
-      in p0 <- p0[i0, i2] uint8                               tensorize(vpdpbusd_512, i1, i2)) (...)
+      in p0 <- p0[i0, i2] uint8                            tensorize(vpdpbusd_512, i1, i2, 4, 4)) (...)
       in p1 <- p1[i2, i1] int8 )
 
-On cpu-avx2 without avx_vnni the same block gets `tensorize(vpmaddwd_256, i1, i2)`.
+On cpu-avx2 without avx_vnni the same block gets `tensorize(vpmaddwd_256, i1, i2, 3, 4)`.
 
 Parameter: `enabled` (default true).
 """
@@ -55,7 +59,7 @@ def tensorize(fn: N.Function, target: Target, params: dict[str, Any]) -> N.Funct
                     key=lambda d: (-d.operand_types[0].lanes, d.name))   # most products first
     if not usable:
         return fn
-    stmts = tuple(_tensorized(s, usable) if isinstance(s, N.Block) else s
+    stmts = tuple(_tensorized(s, usable, target) if isinstance(s, N.Block) else s
                   for s in fn.body.stmts)
     return replace(fn, body=replace(fn.body, stmts=stmts))
 
@@ -72,7 +76,11 @@ def lane_dot(d: Description) -> bool:
             and a.lanes % outs[0].lanes == 0)
 
 
-def _tensorized(block: N.Block, usable: list[Description]) -> N.Block:
+CHAINS = 4      # chunks of lanes per register tile: independent chains of the instruction
+ROWS = 4        # at most, rows per register tile
+
+
+def _tensorized(block: N.Block, usable: list[Description], target: Target) -> N.Block:
     if not {"kernel", "contraction"} <= block.tags or block.constraints \
             or any(isinstance(s, N.Block) for s in block.stmts):
         return block
@@ -87,7 +95,8 @@ def _tensorized(block: N.Block, usable: list[Description]) -> N.Block:
             if m.broadcast != (first,):
                 continue
             if layable(block, lane, red, broadcast, packed) and _one_reduction(block, red):
-                return _record(block, N.Tensorized(d.name, lane, red))
+                rows = max(1, min(ROWS, (target.vector_registers - 2) // CHAINS))
+                return _record(block, N.Tensorized(d.name, lane, red, rows, CHAINS))
     return block
 
 

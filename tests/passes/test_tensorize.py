@@ -20,7 +20,7 @@ def test_an_avx2_target_without_vnni_records_vpmaddwd() -> None:
     before = lowered(I8, {"A": (37, 53), "B": (53, 29)})
     after = tensorize(before, AVX2, {})
     (block,) = [s for s in after.body.stmts if isinstance(s, N.Block) and s.schedule.tensorize]
-    assert block.schedule.tensorize == N.Tensorized("vpmaddwd_256", "n", "k")
+    assert block.schedule.tensorize == N.Tensorized("vpmaddwd_256", "n", "k", 3, 4)
     assert "tensorized" in block.tags and "kernel" not in block.tags
     check_pass("tensorize_i8mm_vpmaddwd", before, after, int_high={"p0": 256, "p1": 128})
 
