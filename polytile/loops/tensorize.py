@@ -239,8 +239,10 @@ def lower_block(low: Lowering, blk: Block, outer: Scope) -> list[L.Stmt]:
                 kind, step=t.rows))
         v = low.fresh("i")
         if loops[last] % t.rows:
+            # fewer rows than a tile: not worth a parallel region (and its join) per block
             out.append(L.Loop(v, Affine.constant(many), Affine.constant(loops[last]), tuple(
-                lanes_of([{**at, last: Affine.index(v)}], start, count)), kind))
+                lanes_of([{**at, last: Affine.index(v)}], start, count)),
+                kind if many == 0 else "serial"))
         return out
 
     nb = low.fresh("i")
