@@ -36,8 +36,8 @@ CONV = ("def qconv(uint8(N,C,H,W) I, int8(O,C,KH,KW) F) -> (Out) {\n"
 S8 = "def mm(int8(M,K) A, int8(K,N) B) -> (C) {\n  C(m,n) +=! int32(A(m,k)) * int32(B(k,n))\n}"
 S16 = ("def mm(int16(M,K) A, int16(K,N) B) -> (C) {\n"
        "  C(m,n) +=! int32(A(m,k)) * int32(B(k,n))\n}")
-BATCHED = ("def bmm(int8(B,M,K) A, uint8(B,K,N) W) -> (C) {\n"
-           "  C(b,m,n) +=! int32(A(b,m,k)) * int32(W(b,k,n))\n}")
+BATCHED = ("def bmm(int8(B,M,K) A, uint8(K,N) W) -> (C) {\n"
+           "  C(b,m,n) +=! int32(A(b,m,k)) * int32(W(k,n))\n}")
 GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "loops"
 SIZES = [(1, 1, 1), (3, 9, 37), (5, 4, 16), (6, 13, 300), (64, 64, 64), (9, 130, 515)]
 
@@ -262,12 +262,17 @@ def test_vpmaddwd_extremes_and_int32_wrap_are_exact() -> None:
                                   .astype(np.int32))
 
 
-def test_a_batched_matmul_widens_the_rows_of_its_own_batch() -> None:
+@pytest.mark.parametrize("b,m,k,n", [(3, 5, 17, 23), (1, 1, 5, 9), (2, 1, 7, 33),
+                                     (3, 7, 19, 45)])
+def test_a_batched_matmul_widens_the_rows_of_its_own_batch(b: int, m: int, k: int,
+                                                           n: int) -> None:
     """A broadcast operand that depends on an outer output loop (the batch): its packed
-    rows are (b, m) pairs."""
+    rows are (b, m) pairs; batches and rows of one are no loops."""
     bmm = avx2_only(BATCHED).bmm
-    rng = np.random.default_rng(11)
-    a = full_range(rng, np.int8, (3, 5, 17))
-    w = full_range(rng, np.uint8, (3, 17, 23))
-    want = np.einsum("bmk,bkn->bmn", a.astype(np.int64), w.astype(np.int64)).astype(np.int32)
+    rng = np.random.default_rng(b * m * k * n)
+    a = full_range(rng, np.int8, (b, m, k))
+    w = full_range(rng, np.uint8, (k, n))
+    want = np.einsum("bmk,kn->bmn", a.astype(np.int64), w.astype(np.int64)).astype(np.int32)
     np.testing.assert_array_equal(bmm(a, w), want)
+    (kernel,) = bmm._kernels.values()
+    assert "_mm256_madd_epi16" in kernel.source_path.read_text()
