@@ -37,6 +37,7 @@ TC description, so the loops are checked like any others.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from polytile.errors import IRError
@@ -48,6 +49,7 @@ if TYPE_CHECKING:
     from polytile.loops.lower import Lowering
 
 COLUMNS = 256       # lanes per block of the packed operand (K x 256 bytes: kept in L2)
+PANEL = 32          # rows per thread's share, at most (a multiple of the tile's rows)
 
 
 def lower_block(low: Lowering, blk: Block, outer: Scope) -> list[L.Stmt]:
@@ -219,37 +221,54 @@ def lower_block(low: Lowering, blk: Block, outer: Scope) -> list[L.Stmt]:
                       hint="pass tensorize leaves such blocks to the vector code")
     # Output loops: all but the last are looped outside; the last one's rows are taken
     # t.rows at a time (then one at a time), inside blocks of COLUMNS lanes, so that a block
-    # of the packed operand stays in cache while every row streams past it.
+    # of the packed operand stays in cache while every row streams past it. If the rows
+    # run in threads, they are dealt out in panels of PANEL rows, each thread taking its
+    # panels through every column block: one parallel region per call, not one per block
+    # (each join waits for the slowest thread, which on a shared host is often preempted).
     outer_vars = {name: low.fresh("i") for name in par[:-1]}
     at = {name: Affine.index(v) for name, v in outer_vars.items()}
     columns = min(COLUMNS, n_lane)
     blocks = n_lane // columns * columns
 
-    def by_rows(start: Affine, count: int) -> list[L.Stmt]:
-        if not par:
-            return lanes_of([at], start, count)
-        last = par[-1]
-        kind = "parallel" if blk.schedule.parallel == last else "serial"
-        many = loops[last] - loops[last] % t.rows
-        out: list[L.Stmt] = []
-        v = low.fresh("i")
-        if many:
-            out.append(L.Loop(v, Affine.constant(0), Affine.constant(many), tuple(lanes_of(
-                [{**at, last: Affine.index(v) + k} for k in range(t.rows)], start, count)),
-                kind, step=t.rows))
-        v = low.fresh("i")
-        if loops[last] % t.rows:
-            # fewer rows than a tile: not worth a parallel region (and its join) per block
-            out.append(L.Loop(v, Affine.constant(many), Affine.constant(loops[last]), tuple(
-                lanes_of([{**at, last: Affine.index(v)}], start, count)),
-                kind if many == 0 else "serial"))
-        return out
+    def over_columns(body: Callable[[Affine, int], list[L.Stmt]]) -> list[L.Stmt]:
+        """`body(start, count)` for each block of lanes, then the lanes left over."""
+        nb = low.fresh("i")
+        out: list[L.Stmt] = [L.Loop(nb, Affine.constant(0), Affine.constant(blocks),
+                                    tuple(body(Affine.index(nb), columns)), step=columns)]
+        return out + (body(Affine.constant(blocks), n_lane - blocks) if n_lane - blocks
+                      else [])
 
-    nb = low.fresh("i")
-    nest: list[L.Stmt] = [L.Loop(nb, Affine.constant(0), Affine.constant(blocks),
-                                 tuple(by_rows(Affine.index(nb), columns)), step=columns)]
-    if n_lane - blocks:
-        nest += by_rows(Affine.constant(blocks), n_lane - blocks)
+    def rows_of(lo: L.IExpr, hi: L.IExpr, step: int, kind: str
+                ) -> Callable[[Affine, int], list[L.Stmt]]:
+        """Tiles of `step` rows (of the last output loop) in [lo, hi), over given lanes."""
+        def body(start: Affine, count: int) -> list[L.Stmt]:
+            v = low.fresh("i")
+            return [L.Loop(v, lo, hi, tuple(lanes_of(
+                [{**at, par[-1]: Affine.index(v) + k} for k in range(step)], start, count)),
+                kind, step=step)]
+        return body
+
+    if not par:
+        nest = over_columns(lambda start, count: lanes_of([at], start, count))
+    else:
+        last = par[-1]
+        threads = blk.schedule.parallel == last
+        many = loops[last] - loops[last] % t.rows
+        nest = []
+        if many and threads:
+            panel = max(1, PANEL // t.rows) * t.rows
+            p = low.fresh("i")
+            nest.append(L.Loop(p, Affine.constant(0), Affine.constant(many), tuple(
+                over_columns(rows_of(Affine.index(p), L.IMin((Affine.index(p) + panel,
+                                                              Affine.constant(many))),
+                                     t.rows, "serial"))), "parallel", step=panel))
+        elif many:
+            nest += over_columns(rows_of(Affine.constant(0), Affine.constant(many), t.rows,
+                                         "serial"))
+        if loops[last] % t.rows:
+            # fewer rows than a tile: in threads only if they are all there is
+            nest += over_columns(rows_of(Affine.constant(many), Affine.constant(loops[last]),
+                                         1, "parallel" if threads and not many else "serial"))
     for name in reversed(par[:-1]):
         kind = "parallel" if blk.schedule.parallel == name else "serial"
         nest = [L.Loop(outer_vars[name], Affine.constant(0), Affine.constant(loops[name]),

@@ -23,6 +23,7 @@ from polytile.ir.parser import parse_function
 from polytile.ir.printer import format_function
 from polytile.ir.verify import verify
 from polytile.loops import interp
+from polytile.loops import nodes as L
 from polytile.loops.lower import lower
 from polytile.loops.text import kernel_text
 from polytile.sema.specialize import specialize
@@ -276,3 +277,26 @@ def test_a_batched_matmul_widens_the_rows_of_its_own_batch(b: int, m: int, k: in
     np.testing.assert_array_equal(bmm(a, w), want)
     (kernel,) = bmm._kernels.values()
     assert "_mm256_madd_epi16" in kernel.source_path.read_text()
+
+
+def test_threads_take_panels_of_rows_through_every_column_block() -> None:
+    """One parallel region per call: the rows in panels of 30 (ten 3-row tiles), each
+    thread's panel through all four 256-lane blocks; the row left over runs serially."""
+    fn = ir(I8, AVX2_ONLY, A=(1024, 64), B=(64, 1024))
+    assert [(t.rows, t.chains) for t in schedules(fn)] == [(3, 4)]
+    found: list[L.Loop] = []
+
+    def walk(stmts: tuple) -> None:  # type: ignore[type-arg]
+        for st in stmts:
+            if isinstance(st, L.Loop):
+                if st.kind == "parallel":
+                    found.append(st)
+                walk(st.body)
+            elif isinstance(st, L.Alloc):
+                walk(st.body)
+
+    kernel = lower(fn)
+    walk(kernel.body)
+    tensorized = [loop for loop in found if any(isinstance(s, L.Loop) and s.step == 256
+                                                for s in loop.body)]
+    assert len(tensorized) == 1 and tensorized[0].step == 30
