@@ -1,5 +1,5 @@
 """The loops of a block that runs on a lane-dot instruction (schedule `tensorize(I, lane,
-reduction)`, set by pass `tensorize`): UNIT's rewriter for vpdpbusd-like instructions,
+reduction, rows, chains)`, set by pass `tensorize`): UNIT's rewriter for vpdpbusd-like instructions,
 whose accumulator has L lanes and whose two operands hold G values per lane.
 
     block s0 [m:M, n:N, k:K] schedule(tensorize(vpdpbusd_512, n, k, 4, 4)) (
@@ -7,9 +7,10 @@ whose accumulator has L lanes and whose two operands hold G values per lane.
 
 ->  Bp = the packed operand in groups: Bp[(g * N16 + n) * G + t] = B[G*g + t, n], zeros past
          K and N (allocated and filled once per call);
-    for blocks of 256 lanes of n (a block of Bp stays in L2 while every row passes):
-      for 4 rows of m at a time (the schedule's rows; threads, if the schedule says so;
-                                 then single rows):
+    for panels of 32 rows of m (threads, if the schedule says so; else one panel):
+     for blocks of 256 lanes of n (a block of Bp stays in L2 while the panel's rows pass):
+      for 4 rows of the panel at a time (the schedule's rows; the rows left over after
+                                         the last whole tile follow, one at a time):
         for 4 chunks of 16 lanes at a time (the schedule's chains; then single chunks,
                                             then a masked tail):
           acc[i][j] = C[m_i, n0_j : n0_j + 16]
