@@ -1,13 +1,23 @@
-"""UNIT's GEMM rows (issue 14): int8 and bf16 1024^3 through polytile (tensorized where the
-host has VNNI / AVX-512 BF16) against torch._int_mm, torch's bf16 matmul and polytile's
-fp32 GEMM, in one process, in blocks of 7 calls per kernel (after a warm-up call), three
-rounds; prints a markdown table of medians and GOP/s.
+"""UNIT's GEMM rows (issue 14): int8 and bf16 1024^3 through polytile (tensorized: vpdpbusd
+where the host has VNNI, vpmaddwd on operands widened to int16 on an AVX2 host without
+it; vdpbf16ps where it has AVX-512 BF16) against torch._int_mm, torch's bf16 matmul and
+polytile's fp32 GEMM, in one process, in blocks of 7 calls per kernel (after a warm-up
+call), three rounds; prints a markdown table of medians and GOP/s, the int8/fp32 ratio of
+the same run, the instruction the int8 kernel runs on and the load average.
 
-    python benchmarks/unit_gemm.py
+    python benchmarks/unit_gemm.py [--cpu-time] [--only polytile] [--rounds 3]
+    OMP_NUM_THREADS=1 python benchmarks/unit_gemm.py --cpu-time --only "int8 (u8,polytile fp32"
 
 Blocks, not call-by-call alternation: OpenMP's threads spin for a while after a parallel
 loop, and interleaving them with torch's pool call by call doubled both sides' times.
+`--cpu-time` times with the process's CPU clock, so that time spent preempted by other
+processes on a shared host is not counted (with OMP_NUM_THREADS=1: idle OpenMP threads'
+spinning would count); `--only` keeps the kernels whose name contains one of its comma-separated texts (torch's
+int8 and bf16 fallbacks on an AVX2 host take seconds per call).
 """
+import argparse
+import os
+import re
 import statistics
 import sys
 import time
@@ -20,6 +30,13 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import polytile as pt
 
+parser = argparse.ArgumentParser()
+parser.add_argument("--cpu-time", action="store_true")
+parser.add_argument("--only", default="")
+parser.add_argument("--rounds", type=int, default=3)
+args = parser.parse_args()
+clock = time.process_time if args.cpu_time else time.perf_counter
+
 i8 = pt.define((Path(__file__).resolve().parents[1] / "tests/isa/i8mm.tc").read_text()).i8mm
 f32 = pt.define("def mm(float(M,K) A, float(K,N) B) -> (C) {\n  C(m,n) +=! A(m,k) * B(k,n)\n}").mm
 bf = pt.define("def bmm(bfloat16(M,K) A, bfloat16(K,N) B) -> (C) {\n  C(m,n) +=! float(A(m,k)) * float(B(k,n))\n}").bmm
@@ -29,20 +46,31 @@ A = rng.integers(0, 256, (n, n), dtype=np.uint8); B = rng.integers(-128, 128, (n
 Af, Bf = rng.standard_normal((n, n), dtype=np.float32), rng.standard_normal((n, n), dtype=np.float32)
 Ab, Bb = Af.astype(ml_dtypes.bfloat16), Bf.astype(ml_dtypes.bfloat16)
 assert np.array_equal(i8(A, B), (A.astype(np.int64) @ B.astype(np.int64)).astype(np.int32))
+(kernel,) = i8._kernels.values()
+used = sorted(set(re.findall(r"_mm\d*_(?:madd_epi16|dpbusd\w*|dpbf16_ps)", kernel.source_path.read_text())))
 # torch._int_mm takes s8 x s8: the same bytes, A shifted into the signed range
 At, Bt = torch.from_numpy((A.astype(np.int16) - 128).astype(np.int8)), torch.from_numpy(B)
 Atb, Btb = torch.from_numpy(Af).to(torch.bfloat16), torch.from_numpy(Bf).to(torch.bfloat16)
 fns = {"polytile int8 (u8 x s8 -> s32)": lambda: i8(A, B), "torch._int_mm (s8 x s8 -> s32)": lambda: torch._int_mm(At, Bt),
        "polytile fp32": lambda: f32(Af, Bf), "polytile bf16 -> fp32": lambda: bf(Ab, Bb),
        "torch bf16 matmul": lambda: Atb @ Btb}
+fns = {k: f for k, f in fns.items() if any(part in k for part in args.only.split(","))}
 for f in fns.values(): f(); f()
 times = {k: [] for k in fns}
-for _ in range(3):                 # blocks: one runtime's threads at a time
+load = os.getloadavg()
+for _ in range(args.rounds):       # blocks: one runtime's threads at a time
     for k, f in fns.items():
         f()
         for _ in range(7):
-            s = time.perf_counter(); f(); times[k].append(time.perf_counter() - s)
+            s = clock(); f(); times[k].append(clock() - s)
+print(f"threads: OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}, clock: "
+      f"{'process CPU time' if args.cpu_time else 'wall'}; int8 kernel: {', '.join(used) or 'scalar'}; "
+      f"load average before {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}, after "
+      + " ".join(f"{x:.2f}" for x in os.getloadavg()))
 print("| kernel | ms | GOP/s |\n| --- | ---: | ---: |")
-for k, v in times.items():
-    m = statistics.median(v)
+medians = {k: statistics.median(v) for k, v in times.items()}
+for k, m in medians.items():
     print(f"| {k} | {m*1e3:.2f} | {2*n**3/m/1e9:.0f} |")
+int8, fp32 = "polytile int8 (u8 x s8 -> s32)", "polytile fp32"
+if int8 in medians and fp32 in medians:
+    print(f"\npolytile int8 GOP/s / polytile fp32 GFLOP/s: {medians[fp32] / medians[int8]:.2f}x")

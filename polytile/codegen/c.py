@@ -389,8 +389,29 @@ class _Printer:
             return [f"{name} {st.name} = ({name}){{}} + ({t.dtype.c_name}){literal};"]
         if isinstance(v, L.Name) and self.types.get(v.name) == t:
             return [f"{name} {st.name} = {v.name};"]
+        if isinstance(v, L.Combine):
+            return [f"{name} {st.name} = {self.typed_combine(v, t)};"]
         raise UnsupportedError(f"the C backend loads, stores and passes {t} vectors to "
                                f"instructions, but cannot compute {type(v).__name__} on them")
+
+    def typed_combine(self, e: L.Combine, t: L.VType) -> str:
+        """An aggregation step on typed vectors (a result of an instruction without an
+        accumulator operand, added into the accumulator). Integers add and multiply as
+        unsigned vectors: they wrap, as the interpreter's do, where signed overflow
+        would be undefined in C."""
+        if e.agg not in ("add", "mul") or self.types.get(e.acc) != t \
+                or self.types.get(e.value) != t:
+            raise UnsupportedError(f"the C backend adds and multiplies {t} vectors, not "
+                                   f"{e.agg} of {self.types.get(e.acc)} and "
+                                   f"{self.types.get(e.value)}")
+        op = "+" if e.agg == "add" else "*"
+        if t.dtype in (dtypes.FLOAT32, dtypes.FLOAT64, *UNSIGNED.values()):
+            return f"{e.acc} {op} {e.value}"
+        if t.dtype.kind != "i":       # bfloat16 and float16 are stored as bits
+            raise UnsupportedError(f"the C backend cannot add {t} vectors")
+        name = self.typed_name(t)
+        unsigned = self.typed_name(L.VType(UNSIGNED[t.dtype.bits], t.lanes))
+        return f"({name})(({unsigned}){e.acc} {op} ({unsigned}){e.value})"
 
     def instruction(self, st: L.Instruction) -> list[str]:
         """The instruction's C form for this printer (`forms["c-x86"]` or
@@ -537,6 +558,8 @@ class _Printer:
         if isinstance(e, L.Broadcast):
             return f"pt_vsplat({e.value})"
         if isinstance(e, L.Combine):
+            if self.typed(t):
+                return self.typed_combine(e, t)
             if vec:
                 return _vcombine(e.agg, e.acc, e.value)
             return cexpr.combine(e.agg, e.acc, e.value, t.dtype, self.needs)
@@ -564,6 +587,9 @@ class _Printer:
             self.needs.use("bounds")
             return f"pt_{'ceil' if e.ceil else 'floor'}div_i64({c_affine(e.num)}, {e.den})"
         raise IRError(f"unknown integer expression {type(e).__name__}")
+
+
+UNSIGNED = {8: dtypes.UINT8, 16: dtypes.UINT16, 32: dtypes.UINT32, 64: dtypes.UINT64}
 
 
 def _vcombine(agg: str, acc: str, value: str) -> str:

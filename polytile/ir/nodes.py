@@ -213,11 +213,15 @@ class VectorLoop:
 class Tensorized:
     """The block runs on a tensorized instruction (polytile/isa): its `lane` index across
     the instruction's data-parallel lanes, its `reduction` index in the instruction's
-    groups (UNIT's mapping, found by polytile.isa.inspect)."""
+    groups (UNIT's mapping, found by polytile.isa.inspect). The register tile is `rows`
+    output rows by `chains` chunks of lanes: that many accumulators, each chunk's operand
+    load reused by every row, each row's broadcast by every chunk."""
 
     instruction: str
     lane: str
     reduction: str
+    rows: int = 4
+    chains: int = 4
 
 
 @dataclass(frozen=True)

@@ -243,7 +243,12 @@ class _Parser(TokenCursor[_Token]):
             self.expect(",")
             lane = self.name("the lane index")
             self.expect(",")
-            fields["tensorize"] = Tensorized(name, lane, self.name("the reduction index"))
+            reduction = self.name("the reduction index")
+            self.expect(",")
+            rows = self.integer("the rows of the register tile")
+            self.expect(",")
+            fields["tensorize"] = Tensorized(name, lane, reduction, rows,
+                                             self.integer("the chains of the register tile"))
         elif word == "stage":
             index = self.name("the staged reduction index")
             self.expect(",")

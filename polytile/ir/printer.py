@@ -155,7 +155,8 @@ def format_schedule(s: BlockSchedule) -> str:
     items += [f"prefetch({s.prefetch})"] if s.prefetch else []
     if s.tensorize is not None:
         t = s.tensorize
-        items.append(f"tensorize({t.instruction}, {t.lane}, {t.reduction})")
+        items.append(f"tensorize({t.instruction}, {t.lane}, {t.reduction}, {t.rows}, "
+                     f"{t.chains})")
     if s.stage is not None:
         pad = f", pad = {s.stage.pad}" if s.stage.pad else ""
         items.append(f"stage({s.stage.index}, {s.stage.tile}, {', '.join(s.stage.refs)}{pad})")

@@ -169,6 +169,8 @@ def _check_tensorize(block: Block, t: Tensorized, path: str) -> None:
     onto the block's `lane` and `reduction` (the lowering lays out what it maps)."""
     from polytile.isa import description
     from polytile.isa.inspect import mappings
+    if t.rows < 1 or t.chains < 1:
+        raise _fail(path, f"the tensorized register tile {t.rows} x {t.chains} is empty")
     d = description(t.instruction)
     if not any([p for _, p in m.loops] == [t.lane, t.reduction]
                for m in mappings(block, d.name, d.reduction)):

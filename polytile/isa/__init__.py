@@ -14,6 +14,14 @@ operands, and comment lines `# key: value` that say what it takes to use it:
       d(l) += int32(a(l,k)) * int32(b(l,k))
     }
 
+An instruction either reads its accumulator (vpdpbusd: `d(l) = acc(l)` before the
+reduction, `acc` an operand) or only computes the reduction (vpmaddwd: `d(l) +=! ...`,
+no accumulator operand); then whoever runs it aggregates its result into the
+accumulator with the reduction's own aggregation (a vector add for `+=!`), which is
+what the description says the instruction's result is a part of. `Description.accumulates`
+and `Description.aggregation` tell the two apart, so the rewriter needs no instruction
+names.
+
 Loading registers an `InstructionDef` (polytile.loops.instructions): its operands are
 the TC parameters, flattened into vectors (uint8(16,4) is uint8x64, lane 4*l + k), and
 its meaning is the TC function run by the reference interpreter, so the description is
@@ -31,7 +39,7 @@ import numpy as np
 
 from polytile.errors import IRError
 from polytile.ir import nodes as N
-from polytile.isa.inspect import reduction_block
+from polytile.isa.inspect import output, reduction_block
 from polytile.loops.instructions import InstructionDef, register_instruction
 from polytile.loops.nodes import VType
 from polytile.sema import program as P
@@ -50,6 +58,31 @@ class Description:
     definition: InstructionDef
     reduction: N.Block               # its reduction statement, lowered (the inspector's)
     tc: P.Function                   # the checked TC function
+
+    @property
+    def operands(self) -> tuple[str, ...]:
+        """The views the reduction reads (canonical names p<k>, the k-th parameter), in
+        parameter order: vpdpbusd's a and b are p1 and p2, vpmaddwd's p0 and p1."""
+        return tuple(sorted((r.into for r in self.reduction.refs if r.dir == "in"),
+                            key=lambda v: int(v[1:])))
+
+    @property
+    def operand_types(self) -> tuple[VType, ...]:
+        return tuple(self.definition.inputs[int(v[1:])] for v in self.operands)
+
+    @property
+    def accumulates(self) -> bool:
+        """Whether the instruction reads its accumulator: it has an operand besides the
+        ones its reduction reads (the value the output starts from)."""
+        return len(self.definition.inputs) > len(self.operands)
+
+    @property
+    def aggregation(self) -> str:
+        """How the reduction combines its terms (and so how a result of an instruction
+        that does not accumulate joins the accumulator): "add" for `+=` and `+=!`."""
+        out = output(self.reduction)
+        assert out is not None            # reduction_block found its store
+        return out.agg
 
 
 @functools.lru_cache(maxsize=1)

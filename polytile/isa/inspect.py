@@ -7,7 +7,10 @@ block runs on the instruction when
 * arithmetic isomorphism: the two expressions are the same tree, op for op and dtype for
   dtype, casts included (a commutative op may take its operands in either order), with
   one aggregation; every load of the description is bound to one view of the program
-  that holds the same dtype and reads no data-dependent subscript;
+  that reads no data-dependent subscript and holds the same dtype or one that widens to
+  it exactly (`widens`: every uint8 and int8 value is an int16 value, so a u8 x s8
+  matmul runs on vpmaddwd's s16 pairs with its operands widened when they are packed;
+  the ops above a load see the same value either way);
 * loop mapping: each loop of the description goes to its own loop of the program (of
   more than one iteration), of the same kind (data-parallel: the output depends on it;
   reduction: it does not);
@@ -23,7 +26,9 @@ instruction are the rewriter's concern (not built yet).
     block s0 [i0:M, i1:N, i2:K] (            vpdpbusd_512 on s0:
       out o0 <- o0[i0, i1] int32:add           l -> i1, k -> i2; a = p0 (broadcast along l),
       in p0 <- p0[i0, i2] uint8                b = p1
-      in p1 <- p1[i2, i1] int8 )
+      in p1 <- p1[i2, i1] int8 )           vpmaddwd_256 on s0 (no VNNI):
+                                               l -> i1, k -> i2; a = p0 (broadcast,
+                                               widened), b = p1 (widened)
 """
 from __future__ import annotations
 
@@ -32,6 +37,7 @@ import re
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
+from polytile.dtypes import DType
 from polytile.errors import IRError
 from polytile.ir import nodes as N
 
@@ -49,12 +55,18 @@ class Mapping:
     loops: tuple[tuple[str, str], ...]       # (description index, program index)
     operands: tuple[tuple[str, str], ...]    # (description view, program view)
     broadcast: tuple[str, ...] = ()          # description views read once for all lanes
+    widened: tuple[str, ...] = ()            # description views wider than the program's
 
     def text(self) -> str:
         loops = ", ".join(f"{d} -> {p}" for d, p in self.loops)
-        views = ", ".join(f"{d} = {p}" + (" (broadcast)" if d in self.broadcast else "")
+        views = ", ".join(f"{d} = {p}" + _notes(d in self.broadcast, d in self.widened)
                           for d, p in self.operands)
         return f"{self.instruction}: {loops}; {views}"
+
+
+def _notes(broadcast: bool, widened: bool) -> str:
+    notes = [n for n, on in (("broadcast", broadcast), ("widened", widened)) if on]
+    return f" ({', '.join(notes)})" if notes else ""
 
 
 @dataclass(frozen=True)
@@ -82,7 +94,8 @@ def find(spec: Specialized, available: tuple[Description, ...]) -> list[Match]:
                 found.append(Match(st, replace(
                     m, loops=tuple((theirs[a], mine[b]) for a, b in m.loops),
                     operands=tuple((theirs[a], mine[b]) for a, b in m.operands),
-                    broadcast=tuple(theirs[a] for a in m.broadcast))))
+                    broadcast=tuple(theirs[a] for a in m.broadcast),
+                    widened=tuple(theirs[a] for a in m.widened))))
     return found
 
 
@@ -127,6 +140,8 @@ def mappings(block: N.Block, name: str, description: N.Block) -> list[Mapping]:
         return []
     par_d, red_d = _kinds(description, out_d)
     par_p, red_p = _kinds(block, out_p)
+    widened = tuple(sorted(d for d, p in bindings.items()
+                           if description.ref(d).shape.dtype != block.ref(p).shape.dtype))
     found = []
     for par in itertools.permutations(reversed(par_p), len(par_d)):
         for red in itertools.permutations(reversed(red_p), len(red_d)):
@@ -134,7 +149,7 @@ def mappings(block: N.Block, name: str, description: N.Block) -> list[Mapping]:
             broadcast = _feasible(description, block, bindings, loops, set(par_d))
             if broadcast is not None:
                 found.append(Mapping(name, tuple(loops.items()), tuple(bindings.items()),
-                                     tuple(sorted(broadcast))))
+                                     tuple(sorted(broadcast)), widened))
     return found
 
 
@@ -148,7 +163,7 @@ def _isomorphic(db: N.Block, d: str, pb: N.Block, p: str,
     if isinstance(ds, N.Load) and isinstance(ps, N.Load):
         dv, pv = db.ref(ds.ref), pb.ref(ps.ref)
         if ds.dynamic or ds.offset or ps.dynamic or ps.offset \
-                or dv.shape.dtype != pv.shape.dtype:
+                or not widens(pv.shape.dtype, dv.shape.dtype):
             return None
         if dv.into in bound:
             return bound if bound[dv.into] == pv.into else None
@@ -169,6 +184,19 @@ def _isomorphic(db: N.Block, d: str, pb: N.Block, p: str,
     if isinstance(ds, N.Constant) and isinstance(ps, N.Constant):
         return bound if (ds.value, ds.dtype) == (ps.value, ps.dtype) else None
     return None
+
+
+def widens(narrow: DType, wide: DType) -> bool:
+    """Whether every value of `narrow` is a value of `wide`: the same dtype, or integers
+    whose range lies inside the other's (uint8 and int8 in int16, uint16 in int32; not
+    int8 in uint16, nor anything between floats, whose roundings differ)."""
+    if narrow == wide:
+        return True
+    if narrow.kind not in "ui" or wide.kind not in "ui":
+        return False
+    if narrow.kind == "i" and wide.kind == "u":
+        return False
+    return narrow.bits < wide.bits or (narrow.bits == wide.bits and narrow.kind == wide.kind)
 
 
 def _definition(block: N.Block, name: str) -> N.Statement | None:

@@ -1,15 +1,18 @@
 """The loops of a block that runs on a lane-dot instruction (schedule `tensorize(I, lane,
-reduction)`, set by pass `tensorize`): UNIT's rewriter for vpdpbusd-like instructions,
+reduction, rows, chains)`, set by pass `tensorize`): UNIT's rewriter for vpdpbusd-like instructions,
 whose accumulator has L lanes and whose two operands hold G values per lane.
 
-    block s0 [m:M, n:N, k:K] schedule(tensorize(vpdpbusd_512, n, k)) (
+    block s0 [m:M, n:N, k:K] schedule(tensorize(vpdpbusd_512, n, k, 4, 4)) (
       out C[m, n]:add   in A[m, k] uint8 (broadcast)   in B[k, n] int8 (packed) )
 
 ->  Bp = the packed operand in groups: Bp[(g * N16 + n) * G + t] = B[G*g + t, n], zeros past
          K and N (allocated and filled once per call);
-    for blocks of 256 lanes of n (a block of Bp stays in L2 while every row passes):
-      for 4 rows of m at a time (threads, if the schedule says so; then single rows):
-        for 4 chunks of 16 lanes at a time (then single chunks, then a masked tail):
+    for panels of 32 rows of m (threads, if the schedule says so; else one panel):
+     for blocks of 256 lanes of n (a block of Bp stays in L2 while the panel's rows pass):
+      for 4 rows of the panel at a time (the schedule's rows; the rows left over after
+                                         the last whole tile follow, one at a time):
+        for 4 chunks of 16 lanes at a time (the schedule's chains; then single chunks,
+                                            then a masked tail):
           acc[i][j] = C[m_i, n0_j : n0_j + 16]
           for g < K / G:  b_j = Bp[g, n0_j : n0_j + 16, :] (one load for the 4 rows);
                           a_i = the G bytes A[m_i, G*g : G*g + G] in every lane (one
@@ -18,14 +21,24 @@ whose accumulator has L lanes and whose two operands hold G values per lane.
           and so are Bp's)
           C[m_i, n0_j : ...] = acc[i][j]
 
-Sixteen accumulators hide the instruction's latency. Other output loops are looped
-outside (other reduction loops are not lowered yet: pass `tensorize` leaves such blocks
-alone). The tile (ROWS x CHAINS) and the block (COLUMNS) are constants of this lowering,
-not yet schedule fields the tuner could change. The interpreter runs the instruction's
+An instruction without an accumulator operand (vpmaddwd: `d(l) +=! ...`) computes only
+the group sums; its result joins the accumulator with the description's aggregation,
+`acc[i][j] = acc[i][j] + I(a_i, b_j)` (a vector add). An operand narrower than the
+instruction's (a u8 or s8 matrix on vpmaddwd's s16 pairs: the inspector proved the
+widening exact) is converted when it is packed: Bp holds the instruction's dtype, and a
+widened broadcast operand is packed too, Ap[(row * groups + g) * G + t] = A[row, G*g + t]
+(zeros past K), so that a row's group is still one word broadcast.
+
+The rows x chains accumulators (chosen by pass `tensorize` from the target's vector
+registers) hide the instruction's latency. Other output loops are looped outside (other
+reduction loops are not lowered yet: pass `tensorize` leaves such blocks alone). The
+block (COLUMNS) is a constant of this lowering, not yet a schedule field. The interpreter runs the instruction's
 TC description, so the loops are checked like any others.
 """
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from polytile.errors import IRError
@@ -36,9 +49,8 @@ from polytile.loops.views import Scope, child_view, fixed_indices, safe
 if TYPE_CHECKING:
     from polytile.loops.lower import Lowering
 
-CHAINS = 4          # chunks of lanes per tile: independent chains of the instruction
-ROWS = 4            # rows per tile: CHAINS x ROWS accumulators, each operand load reused
 COLUMNS = 256       # lanes per block of the packed operand (K x 256 bytes: kept in L2)
+PANEL = 32          # rows per thread's share, at most (a multiple of the tile's rows)
 
 
 def lower_block(low: Lowering, blk: Block, outer: Scope) -> list[L.Stmt]:
@@ -52,10 +64,10 @@ def lower_block(low: Lowering, blk: Block, outer: Scope) -> list[L.Stmt]:
     if mapping is None:
         raise IRError(f"block {blk.name} cannot run on {t.instruction} along "
                       f"{t.lane} and {t.reduction}")
-    acc_t, a_t, b_t = d.definition.inputs
+    (acc_t,), (a_t, b_t) = d.definition.outputs, d.operand_types
     lanes, group = acc_t.lanes, a_t.lanes // acc_t.lanes
     views = dict(mapping.operands)
-    x_ref, y_ref = blk.ref(views["p1"]), blk.ref(views["p2"])
+    x_ref, y_ref = (blk.ref(views[v]) for v in d.operands)
     out_ref = output(blk)
     assert out_ref is not None             # the inspector mapped a store
     loops = {i.name: i.range for i in blk.idxs if i.affine is None and i.range > 1}
@@ -69,19 +81,65 @@ def lower_block(low: Lowering, blk: Block, outer: Scope) -> list[L.Stmt]:
     def view(ref, at):  # type: ignore[no-untyped-def]
         return child_view(ref, outer.views[ref.from_], {**idx, **at})
 
+    def element(ref, at: dict[str, Affine], dtype) -> tuple[list[L.Stmt], str]:  # type: ignore[no-untyped-def]
+        """`ref` at `at` as one value of `dtype` (converted where the instruction's
+        operand is wider: the inspector proved the widening exact), and its name."""
+        v = view(ref, at)
+        value = low.fresh("s")
+        read: list[L.Stmt] = [L.Let(value, L.VType(v.dtype), L.Read(v.ptr, v.offset))]
+        if v.dtype == dtype:
+            return read, value
+        wide = low.fresh("s")
+        return read + [L.Let(wide, L.VType(dtype), L.Op("cast", (value,), dtype))], wide
+
+    def in_group(g: str) -> L.IExpr:
+        """The values in group `g`: G, fewer in a last partial group."""
+        return L.IMin((Affine.constant(group), Affine.constant(n_red)
+                       - Affine.index(g).scale(group)))
+
     # The packed operand: groups of G values of each lane, zero past the extents.
     packed = low.fresh("l")
     g, p, e = low.fresh("i"), low.fresh("i"), low.fresh("i")
-    y = view(y_ref, {t.lane: Affine.index(p), t.reduction: Affine.index(g).scale(group)
-                     + Affine.index(e)})
-    value = low.fresh("s")
-    pack = L.Loop(g, Affine.constant(0), Affine.constant(groups), (
+    put, value = element(y_ref, {t.lane: Affine.index(p), t.reduction:
+                                 Affine.index(g).scale(group) + Affine.index(e)}, b_t.dtype)
+    pack: list[L.Stmt] = [L.Loop(g, Affine.constant(0), Affine.constant(groups), (
         L.Loop(p, Affine.constant(0), Affine.constant(n_lane), (
-            L.Loop(e, Affine.constant(0), L.IMin((Affine.constant(group), Affine.constant(
-                n_red) - Affine.index(g).scale(group))), (
-                L.Let(value, L.VType(y.dtype), L.Read(y.ptr, y.offset)),
-                L.Store(packed, (Affine.index(g).scale(padded) + Affine.index(p)).scale(group)
-                        + Affine.index(e), value))),)),))
+            L.Loop(e, Affine.constant(0), in_group(g), (
+                *put, L.Store(packed, (Affine.index(g).scale(padded) + Affine.index(p))
+                              .scale(group) + Affine.index(e), value))),)),))]
+    buffers = [L.Buffer(packed, b_t.dtype, groups * padded * group, "heap", "global", "zero",
+                        label=f"{safe(y_ref.into)} packed for {t.instruction}")]
+
+    # A widened broadcast operand: converted once, its rows (the output loops it reads,
+    # row-major) in groups of G, so that a row's group is one word again:
+    # Ap[(row * groups + g) * G + t].
+    x_rows = [n for n in par if n in uses(x_ref)]
+
+    def x_row(at: dict[str, Affine]) -> Affine:
+        row = Affine.constant(0)
+        for n in x_rows:
+            row = row.scale(loops[n]) + at[n]
+        return row
+
+    x_packed = None
+    if x_ref.shape.dtype != a_t.dtype:
+        x_packed = low.fresh("l")
+        row_vars = {n: low.fresh("i") for n in x_rows}
+        x_at = {n: Affine.index(v) for n, v in row_vars.items()}
+        g, e = low.fresh("i"), low.fresh("i")
+        put, value = element(x_ref, {**x_at, t.reduction: Affine.index(g).scale(group)
+                                     + Affine.index(e)}, a_t.dtype)
+        widen: L.Stmt = L.Loop(g, Affine.constant(0), Affine.constant(groups), (
+            L.Loop(e, Affine.constant(0), in_group(g), (
+                *put, L.Store(x_packed, (x_row(x_at).scale(groups) + Affine.index(g))
+                              .scale(group) + Affine.index(e), value))),))
+        for n in reversed(x_rows):
+            widen = L.Loop(row_vars[n], Affine.constant(0), Affine.constant(loops[n]), (widen,))
+        pack.append(widen)
+        buffers.append(L.Buffer(x_packed, a_t.dtype,
+                                math.prod(loops[n] for n in x_rows) * groups * group, "heap",
+                                "global", "zero",
+                                label=f"{safe(x_ref.into)} widened for {t.instruction}"))
 
     def tile(rows: list[dict[str, Affine]], starts: list[tuple[Affine, int | None]]
              ) -> list[L.Stmt]:
@@ -104,42 +162,52 @@ def lower_block(low: Lowering, blk: Block, outer: Scope) -> list[L.Stmt]:
                                                  .scale(group), b_t.lanes)))
                 chunk.append(b)
             for row, row_accs in zip(rows, accs):
-                x = view(x_ref, {**row, t.reduction: gv.scale(group)})
                 few, a = low.fresh("v"), low.fresh("v")
-                body += [L.Let(few, L.VType(a_t.dtype, group),
-                               L.Read(x.ptr, x.offset, group, _count(present))),
+                if x_packed is None:
+                    x = view(x_ref, {**row, t.reduction: gv.scale(group)})
+                    read = L.Read(x.ptr, x.offset, group, _count(present))
+                else:     # zeros past the extent: the last group reads them
+                    read = L.Read(x_packed, (x_row(row).scale(groups) + gv).scale(group), group)
+                body += [L.Let(few, L.VType(a_t.dtype, group), read),
                          L.Let(a, a_t, L.Shuffle(few, few, tuple(range(group)) * lanes))]
                 for acc, b in zip(row_accs, chunk):
                     r = low.fresh("v")
-                    body += [L.Instruction(d.name, (r,), (acc, a, b)),
-                             L.Assign(acc, L.Name(r))]
+                    if d.accumulates:
+                        body += [L.Instruction(d.name, (r,), (acc, a, b)),
+                                 L.Assign(acc, L.Name(r))]
+                    else:
+                        body += [L.Instruction(d.name, (r,), (a, b)),
+                                 L.Assign(acc, L.Combine(d.aggregation, acc, r))]
             return body
 
         gvar = low.fresh("i")
         inner: list[L.Stmt] = []
-        if n_red // group:
-            inner.append(L.Loop(gvar, Affine.constant(0), Affine.constant(n_red // group),
+        # A packed broadcast operand has zeros past the extent, as Bp does: its last
+        # partial group is an ordinary one.
+        whole = groups if x_packed is not None else n_red // group
+        if whole:
+            inner.append(L.Loop(gvar, Affine.constant(0), Affine.constant(whole),
                                 tuple(step(Affine.index(gvar), None))))
-        if n_red % group:
-            inner += step(Affine.constant(n_red // group), n_red % group)
+        if whole < groups:
+            inner += step(Affine.constant(whole), n_red % group)
         post = [L.Store(o.ptr, o.offset, a, "assign", _count(n))
                 for row_accs, row_outs in zip(accs, outs)
                 for a, o, (_, n) in zip(row_accs, row_outs, starts)]
         return pre + inner + post
 
     def lanes_of(rows: list[dict[str, Affine]], start: Affine, count: int) -> list[L.Stmt]:
-        """The tiles of lanes [start, start + count): CHAINS chunks at a time, then
+        """The tiles of lanes [start, start + count): t.chains chunks at a time, then
         single chunks, then a masked tail."""
         full, tail = count // lanes, count % lanes
-        quads = full - full % CHAINS
+        quads = full - full % t.chains
         body: list[L.Stmt] = []
         c = low.fresh("i")
         if quads:
             body.append(L.Loop(c, Affine.constant(0), Affine.constant(quads * lanes), tuple(
                 tile(rows, [(start + Affine.index(c) + j * lanes, None)
-                            for j in range(CHAINS)])), step=CHAINS * lanes))
+                            for j in range(t.chains)])), step=t.chains * lanes))
         c = low.fresh("i")
-        if full % CHAINS:
+        if full % t.chains:
             body.append(L.Loop(c, Affine.constant(quads * lanes),
                                Affine.constant(full * lanes),
                                tuple(tile(rows, [(start + Affine.index(c), None)])),
@@ -153,45 +221,62 @@ def lower_block(low: Lowering, blk: Block, outer: Scope) -> list[L.Stmt]:
                       f"{t.reduction} is not lowered yet",
                       hint="pass tensorize leaves such blocks to the vector code")
     # Output loops: all but the last are looped outside; the last one's rows are taken
-    # ROWS at a time (then one at a time), inside blocks of COLUMNS lanes, so that a block
-    # of the packed operand stays in cache while every row streams past it.
+    # t.rows at a time (then one at a time), inside blocks of COLUMNS lanes, so that a block
+    # of the packed operand stays in cache while every row streams past it. If the rows
+    # run in threads, they are dealt out in panels of PANEL rows, each thread taking its
+    # panels through every column block: one parallel region per call, not one per block
+    # (each join waits for the slowest thread, which on a shared host is often preempted).
     outer_vars = {name: low.fresh("i") for name in par[:-1]}
     at = {name: Affine.index(v) for name, v in outer_vars.items()}
     columns = min(COLUMNS, n_lane)
     blocks = n_lane // columns * columns
 
-    def by_rows(start: Affine, count: int) -> list[L.Stmt]:
-        if not par:
-            return lanes_of([at], start, count)
-        last = par[-1]
-        kind = "parallel" if blk.schedule.parallel == last else "serial"
-        many = loops[last] - loops[last] % ROWS
-        out: list[L.Stmt] = []
-        v = low.fresh("i")
-        if many:
-            out.append(L.Loop(v, Affine.constant(0), Affine.constant(many), tuple(lanes_of(
-                [{**at, last: Affine.index(v) + k} for k in range(ROWS)], start, count)),
-                kind, step=ROWS))
-        v = low.fresh("i")
-        if loops[last] % ROWS:
-            out.append(L.Loop(v, Affine.constant(many), Affine.constant(loops[last]), tuple(
-                lanes_of([{**at, last: Affine.index(v)}], start, count)), kind))
-        return out
+    def over_columns(body: Callable[[Affine, int], list[L.Stmt]]) -> list[L.Stmt]:
+        """`body(start, count)` for each block of lanes, then the lanes left over."""
+        nb = low.fresh("i")
+        out: list[L.Stmt] = [L.Loop(nb, Affine.constant(0), Affine.constant(blocks),
+                                    tuple(body(Affine.index(nb), columns)), step=columns)]
+        return out + (body(Affine.constant(blocks), n_lane - blocks) if n_lane - blocks
+                      else [])
 
-    nb = low.fresh("i")
-    nest: list[L.Stmt] = [L.Loop(nb, Affine.constant(0), Affine.constant(blocks),
-                                 tuple(by_rows(Affine.index(nb), columns)), step=columns)]
-    if n_lane - blocks:
-        nest += by_rows(Affine.constant(blocks), n_lane - blocks)
+    def rows_of(lo: L.IExpr, hi: L.IExpr, step: int, kind: str
+                ) -> Callable[[Affine, int], list[L.Stmt]]:
+        """Tiles of `step` rows (of the last output loop) in [lo, hi), over given lanes."""
+        def body(start: Affine, count: int) -> list[L.Stmt]:
+            v = low.fresh("i")
+            return [L.Loop(v, lo, hi, tuple(lanes_of(
+                [{**at, par[-1]: Affine.index(v) + k} for k in range(step)], start, count)),
+                kind, step=step)]
+        return body
+
+    if not par:
+        nest = over_columns(lambda start, count: lanes_of([at], start, count))
+    else:
+        last = par[-1]
+        threads = blk.schedule.parallel == last
+        many = loops[last] - loops[last] % t.rows
+        nest = []
+        if many and threads:
+            panel = max(1, PANEL // t.rows) * t.rows
+            p = low.fresh("i")
+            nest.append(L.Loop(p, Affine.constant(0), Affine.constant(many), tuple(
+                over_columns(rows_of(Affine.index(p), L.IMin((Affine.index(p) + panel,
+                                                              Affine.constant(many))),
+                                     t.rows, "serial"))), "parallel", step=panel))
+        elif many:
+            nest += over_columns(rows_of(Affine.constant(0), Affine.constant(many), t.rows,
+                                         "serial"))
+        if loops[last] % t.rows:
+            # fewer rows than a tile: in threads only if they are all there is
+            nest += over_columns(rows_of(Affine.constant(many), Affine.constant(loops[last]),
+                                         1, "parallel" if threads and not many else "serial"))
     for name in reversed(par[:-1]):
         kind = "parallel" if blk.schedule.parallel == name else "serial"
         nest = [L.Loop(outer_vars[name], Affine.constant(0), Affine.constant(loops[name]),
                        tuple(nest), kind)]
-    buffer = L.Buffer(packed, b_t.dtype, groups * padded * group, "heap", "global", "zero",
-                      label=f"{safe(y_ref.into)} packed for {t.instruction}")
     return [L.Comment(f"block {safe(blk.name)}: {t.instruction}, lanes along {t.lane}, "
                       f"groups along {t.reduction}"),
-            L.Alloc((buffer,), (pack, *nest))]
+            L.Alloc(tuple(buffers), (*pack, *nest))]
 
 
 def _count(n: int | None) -> L.IExpr | None:

@@ -2,22 +2,31 @@
 
 For every top-level contraction, the inspector (polytile.isa.inspect) lists the
 mappings of each instruction the target has; this pass takes the first mapping of a
-lane-dot instruction (one lane loop, one reduction loop: vpdpbusd, vdpbf16ps) that the
-lowering (polytile.loops.tensorize) can lay out:
+lane-dot instruction (one lane loop, one reduction loop: vpdpbusd, vdpbf16ps, and
+vpmaddwd, which has no accumulator operand: its result is added to the accumulator) that
+the lowering (polytile.loops.tensorize) can lay out; instructions that do more products
+per instruction come first (vpdpbusd's 32 or 64 before vpmaddwd's 16 or 32), so an AVX2
+host without AVX-VNNI runs a u8 x s8 matmul on vpmaddwd, its operands widened to int16:
 
 * the output is unit-stride along the lane loop (an accumulator is stored whole);
 * the broadcast operand is unit-stride along the reduction loop (a group is one load);
 * the other operand reads plain subscripts of the lane and reduction loops and nothing
   else (it is packed once per call into groups of lanes).
 
-It records `schedule(tensorize(instruction, lane, reduction))` and tags the block
-`tensorized` instead of `kernel`/`contraction`, so the later passes leave it alone;
-`parallel` names the outermost other output loop where the work pays for threads.
+It records `schedule(tensorize(instruction, lane, reduction, rows, chains))` and tags
+the block `tensorized` instead of `kernel`/`contraction`, so the later passes leave it
+alone; `parallel` names the outermost other output loop where the work pays for threads.
+The register tile is `chains` = 4 chunks of lanes by as many rows (at most 4) as the
+target's vector registers hold beside one broadcast row and one instruction result:
+4 x 4 with AVX-512's 32 registers, 3 x 4 with AVX2's 16 (4 x 4 spills two
+accumulators there).
 
     block s0 [i0:M, i1:N, i2:K] #contraction #kernel (    block s0 [i0:M, i1:N, i2:K] #tensorized
       out o0 <- o0[i0, i1] int32:add                ->      schedule(parallel(i0),
-      in p0 <- p0[i0, i2] uint8                               tensorize(vpdpbusd_512, i1, i2)) (...)
+      in p0 <- p0[i0, i2] uint8                            tensorize(vpdpbusd_512, i1, i2, 4, 4)) (...)
       in p1 <- p1[i2, i1] int8 )
+
+On cpu-avx2 without avx_vnni the same block gets `tensorize(vpmaddwd_256, i1, i2, 3, 4)`.
 
 Parameter: `enabled` (default true).
 """
@@ -47,22 +56,31 @@ def tensorize(fn: N.Function, target: Target, params: dict[str, Any]) -> N.Funct
                                hint="remove the tensorize pass from the cuda target's passes")
     usable = sorted((d for d in descriptions() if target.has(d.feature)
                      and "c-x86" in d.definition.forms and lane_dot(d)),
-                    key=lambda d: (-d.definition.inputs[0].lanes, d.name))   # widest first
+                    key=lambda d: (-d.operand_types[0].lanes, d.name))   # most products first
     if not usable:
         return fn
-    stmts = tuple(_tensorized(s, usable) if isinstance(s, N.Block) else s
+    stmts = tuple(_tensorized(s, usable, target) if isinstance(s, N.Block) else s
                   for s in fn.body.stmts)
     return replace(fn, body=replace(fn.body, stmts=stmts))
 
 
 def lane_dot(d: Description) -> bool:
-    """An instruction of one accumulator of L lanes and two operands of L groups."""
+    """An instruction with one result of L lanes from two operands of L groups, that
+    either reads an accumulator of the result's type or adds its result to one."""
     ins, outs = d.definition.inputs, d.definition.outputs
-    return (len(ins) == 3 and len(outs) == 1 and ins[0] == outs[0]
-            and ins[1].lanes == ins[2].lanes and ins[1].lanes % ins[0].lanes == 0)
+    if len(outs) != 1 or len(d.operands) != 2:
+        return False
+    a, b = d.operand_types
+    reads = ins == (outs[0], a, b) if d.accumulates else ins == (a, b)
+    return (reads and d.aggregation == "add" and a.lanes == b.lanes
+            and a.lanes % outs[0].lanes == 0)
 
 
-def _tensorized(block: N.Block, usable: list[Description]) -> N.Block:
+CHAINS = 4      # chunks of lanes per register tile: independent chains of the instruction
+ROWS = 4        # at most, rows per register tile
+
+
+def _tensorized(block: N.Block, usable: list[Description], target: Target) -> N.Block:
     if not {"kernel", "contraction"} <= block.tags or block.constraints \
             or any(isinstance(s, N.Block) for s in block.stmts):
         return block
@@ -71,14 +89,14 @@ def _tensorized(block: N.Block, usable: list[Description]) -> N.Block:
             if len(m.loops) != 2:
                 continue
             (_, lane), (_, red) = m.loops
-            # The description's parameters are acc, a, b: views p1 and p2 of its reduction
-            # (acc is read by its first statement only).
             views = dict(m.operands)
-            broadcast, packed = views["p1"], views["p2"]
-            if m.broadcast != ("p1",):
+            first, second = d.operands
+            broadcast, packed = views[first], views[second]
+            if m.broadcast != (first,):
                 continue
             if layable(block, lane, red, broadcast, packed) and _one_reduction(block, red):
-                return _record(block, N.Tensorized(d.name, lane, red))
+                rows = max(1, min(ROWS, (target.vector_registers - 2) // CHAINS))
+                return _record(block, N.Tensorized(d.name, lane, red, rows, CHAINS))
     return block
 
 

@@ -3,14 +3,16 @@ and access isomorphism, kinds of loops, broadcast operands), on matmuls of every
 integer and bfloat16 flavour, a quantized convolution, and random layouts."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import polytile as pt
+from polytile import dtypes
 from polytile.cli import main as cli_main
 from polytile.isa import descriptions
-from polytile.isa.inspect import find
+from polytile.isa.inspect import find, widens
 from polytile.sema.specialize import specialize
 
 ALL = descriptions()
@@ -21,13 +23,17 @@ def matches(source: str, **shapes: tuple[int, ...]) -> set[str]:
     return {m.mapping.text() for m in find(specialize(fn, shapes, {}), ALL)}
 
 
-def test_a_u8_s8_matmul_is_vpdpbusd_two_ways() -> None:
+def test_a_u8_s8_matmul_is_vpdpbusd_two_ways_and_vpmaddwd_widened() -> None:
     found = matches("def mm(uint8(M,K) A, int8(K,N) B) -> (C) {\n"
                     "  C(m,n) +=! int32(A(m,k)) * int32(B(k,n))\n}", A=(8, 12), B=(12, 32))
     assert found == {f"{name}: l -> n, k -> k; a = A (broadcast), b = B"
                      for name in ("vpdpbusd_512", "vpdpbusd_256")} | {
                      f"{name}: l -> m, k -> k; a = A, b = B (broadcast)"
-                     for name in ("vpdpbusd_512", "vpdpbusd_256")}
+                     for name in ("vpdpbusd_512", "vpdpbusd_256")} | {
+                     f"{name}: l -> n, k -> k; a = A (broadcast, widened), b = B (widened)"
+                     for name in ("vpmaddwd_512", "vpmaddwd_256")} | {
+                     f"{name}: l -> m, k -> k; a = A (widened), b = B (broadcast, widened)"
+                     for name in ("vpmaddwd_512", "vpmaddwd_256")}
 
 
 def test_operands_in_the_other_order_still_match() -> None:
@@ -38,7 +44,16 @@ def test_operands_in_the_other_order_still_match() -> None:
 
 @pytest.mark.parametrize("source, wanted", [
     ("def mm(int8(M,K) A, int8(K,N) B) -> (C) {\n  C(m,n) +=! int32(A(m,k)) * int32(B(k,n))\n}",
-     {"sdot_neon"}),
+     {"sdot_neon", "vpmaddwd_256", "vpmaddwd_512"}),      # s8 widens to s16 exactly
+    (("def mm(uint8(M,K) A, int16(K,N) B) -> (C) {\n"
+      "  C(m,n) +=! int32(A(m,k)) * int32(B(k,n))\n}"), {"vpmaddwd_256", "vpmaddwd_512"}),
+    (("def mm(uint16(M,K) A, int16(K,N) B) -> (C) {\n"     # u16 does not fit in s16
+      "  C(m,n) +=! int32(A(m,k)) * int32(B(k,n))\n}"), set()),
+    (("def mm(int8(M,K) A, uint8(K,N) B) -> (C) {\n"       # vpdpbusd's a = B, b = A
+      "  C(m,n) +=! int32(A(m,k)) * int32(B(k,n))\n}"),
+     {"vpdpbusd_256", "vpdpbusd_512", "vpmaddwd_256", "vpmaddwd_512"}),
+    (("def mm(int8(M,K) A, int8(K,N) B) -> (C) {\n"        # int16 products: not int32's
+      "  C(m,n) +=! int16(A(m,k)) * int16(B(k,n))\n}"), set()),
     (("def mm(uint8(M,K) A, uint8(K,N) B) -> (C) {\n"
       "  C(m,n) +=! uint32(A(m,k)) * uint32(B(k,n))\n}"), {"udot_neon"}),
     (("def mm(int16(M,K) A, int16(K,N) B) -> (C) {\n"
@@ -54,6 +69,24 @@ def test_operands_in_the_other_order_still_match() -> None:
 def test_each_flavour_finds_its_instructions(source: str, wanted: set[str]) -> None:
     found = matches(source, A=(8, 12), B=(12, 32))
     assert {text.split(":")[0] for text in found} == wanted
+
+
+@pytest.mark.parametrize("narrow, wide, exact", [
+    ("uint8", "int16", True), ("int8", "int16", True), ("int16", "int16", True),
+    ("uint8", "uint16", True), ("uint16", "int32", True), ("uint16", "int16", False),
+    ("int8", "uint16", False), ("int8", "uint8", False), ("uint8", "int8", False),
+    ("int32", "int16", False), ("bfloat16", "float32", False), ("bool", "int16", False),
+])
+def test_widening_is_exact_only_where_every_value_fits(narrow: str, wide: str,
+                                                       exact: bool) -> None:
+    a, b = dtypes.lookup(narrow), dtypes.lookup(wide)
+    assert a is not None and b is not None
+    assert widens(a, b) is exact
+    if exact:      # every value of the narrow type survives the trip through the wide one
+        info = np.iinfo(a.numpy)
+        values = np.arange(info.min, info.max + 1, dtype=np.int64).astype(a.numpy)
+        np.testing.assert_array_equal(values.astype(b.numpy).astype(np.int64),
+                                      values.astype(np.int64))
 
 
 def test_a_quantized_convolution_maps_its_output_channels_or_pixels_to_lanes() -> None:
@@ -90,6 +123,6 @@ def test_polytile_instructions_shows_the_mappings_of_a_file(tmp_path, capsys) ->
                     "  C(m,n) +=! int32(A(m,k)) * int32(B(k,n))\n}\n")
     assert cli_main(["instructions", str(path), "--sizes", "M=4,K=8,N=16"]) == 0
     out = capsys.readouterr().out
-    assert out.startswith("mm: 4 mappings\n")
+    assert out.startswith("mm: 8 mappings\n")
     assert "  statement 1 (line 2): vpdpbusd_512: l -> n, k -> k; a = A (broadcast), b = B" \
         in out

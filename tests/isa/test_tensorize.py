@@ -5,13 +5,16 @@ rows not a multiple of 4, lanes not a multiple of 16 or of the 256-lane blocks, 
 reduction not a multiple of the instruction's group, strided inputs."""
 from __future__ import annotations
 
+import os
 from dataclasses import replace
+from pathlib import Path
 
 import ml_dtypes
 import numpy as np
 import pytest
 
 import polytile as pt
+from polytile.codegen.c import print_c
 from polytile.compile import Compiler
 from polytile.config import load_config
 from polytile.errors import IRError
@@ -20,7 +23,9 @@ from polytile.ir.parser import parse_function
 from polytile.ir.printer import format_function
 from polytile.ir.verify import verify
 from polytile.loops import interp
+from polytile.loops import nodes as L
 from polytile.loops.lower import lower
+from polytile.loops.text import kernel_text
 from polytile.sema.specialize import specialize
 from polytile.targets.target import host_features, inspection_target, load_target
 
@@ -29,6 +34,12 @@ BF = ("def bmm(bfloat16(M,K) A, bfloat16(K,N) B) -> (C) {\n"
       "  C(m,n) +=! float(A(m,k)) * float(B(k,n))\n}")
 CONV = ("def qconv(uint8(N,C,H,W) I, int8(O,C,KH,KW) F) -> (Out) {\n"
         "  Out(n,o,h,w) +=! int32(I(n,c,h+kh,w+kw)) * int32(F(o,c,kh,kw))\n}")
+S8 = "def mm(int8(M,K) A, int8(K,N) B) -> (C) {\n  C(m,n) +=! int32(A(m,k)) * int32(B(k,n))\n}"
+S16 = ("def mm(int16(M,K) A, int16(K,N) B) -> (C) {\n"
+       "  C(m,n) +=! int32(A(m,k)) * int32(B(k,n))\n}")
+BATCHED = ("def bmm(int8(B,M,K) A, uint8(K,N) W) -> (C) {\n"
+           "  C(b,m,n) +=! int32(A(b,m,k)) * int32(W(k,n))\n}")
+GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "loops"
 SIZES = [(1, 1, 1), (3, 9, 37), (5, 4, 16), (6, 13, 300), (64, 64, 64), (9, 130, 515)]
 
 
@@ -51,19 +62,38 @@ def test_the_widest_instruction_the_target_has_is_chosen() -> None:
     with_vnni = replace(avx2, features=frozenset({"avx2", "fma", "avx_vnni"}))
     assert [t.instruction for t in schedules(ir(I8, with_vnni, A=(8, 8), B=(8, 16)))] == [
         "vpdpbusd_256"]
+    # without AVX-VNNI: vpmaddwd, which has no accumulator operand, on widened operands
     without = replace(avx2, features=frozenset({"avx2", "fma"}))
-    assert schedules(ir(I8, without, A=(8, 8), B=(8, 16))) == []
+    assert [t.instruction for t in schedules(ir(I8, without, A=(8, 8), B=(8, 16)))] == [
+        "vpmaddwd_256"]
     assert schedules(ir(I8, load_target("cpu-generic"), A=(8, 8), B=(8, 16))) == []
 
 
 def test_the_ir_records_the_mapping_and_threads_and_round_trips() -> None:
     fn = ir(I8, inspection_target("cpu-avx512", frozenset()), A=(512, 256), B=(256, 512))
     text = format_function(fn)
-    assert "#tensorized schedule(parallel(i0), tensorize(vpdpbusd_512, i1, i2))" in text
+    assert "#tensorized schedule(parallel(i0), tensorize(vpdpbusd_512, i1, i2, 4, 4))" in text
     assert format_function(parse_function(text)) == text
-    swapped = text.replace("tensorize(vpdpbusd_512, i1, i2)", "tensorize(vpdpbusd_512, i2, i1)")
+    swapped = text.replace("tensorize(vpdpbusd_512, i1, i2, 4, 4)",
+                           "tensorize(vpdpbusd_512, i2, i1, 4, 4)")
     with pytest.raises(IRError, match="does not compute there"):
         verify(parse_function(swapped))
+    empty = text.replace("tensorize(vpdpbusd_512, i1, i2, 4, 4)",
+                         "tensorize(vpdpbusd_512, i1, i2, 0, 4)")
+    with pytest.raises(IRError, match="register tile 0 x 4 is empty"):
+        verify(parse_function(empty))
+
+
+def test_the_register_tile_fits_the_target_s_vector_registers() -> None:
+    """Accumulators, one broadcast row and one result in registers: 4 x 4 of AVX-512's
+    32, 3 x 4 of AVX2's 16."""
+    avx512 = inspection_target("cpu-avx512", frozenset())
+    avx2 = replace(load_target("cpu-avx2"), features=frozenset({"avx2", "fma", "avx_vnni"}))
+    for target, tile in ((avx512, (4, 4)), (avx2, (3, 4)), (AVX2_ONLY, (3, 4))):
+        (t,) = schedules(ir(I8, target, A=(64, 32), B=(32, 48)))
+        assert (t.rows, t.chains) == tile
+        assert t.rows * t.chains + 2 <= target.vector_registers
+        assert t.rows == 4 or (t.rows + 1) * t.chains + 2 > target.vector_registers
 
 
 def test_it_can_be_switched_off_and_leaves_other_reductions_alone() -> None:
@@ -123,3 +153,152 @@ def test_bfloat16_kernels_round_like_float32(m: int, k: int, n: int) -> None:
     got = bmm(a, b)
     assert got.dtype == np.float32
     assert np.all(np.abs(got - want) <= magnitude * k * 2.0**-23 + 1e-30)
+
+
+# ---------------------------------------------------------------- vpmaddwd (AVX2, no VNNI)
+
+AVX2_ONLY = replace(load_target("cpu-avx2"), features=frozenset({"avx2", "fma"}))
+
+
+def avx2_only(source: str) -> pt.Module:
+    """`source` compiled for cpu-avx2 without AVX-VNNI, whatever else the host has (a host
+    with AVX-VNNI would otherwise take vpdpbusd)."""
+    if not {"avx2", "fma"} <= host_features():
+        pytest.skip("this host has no AVX2 and FMA to run cpu-avx2 kernels")
+    module = pt.define(source, target="cpu-avx2")
+    assert module.compiler is not None
+    module.compiler.target = replace(module.compiler.target,
+                                     features=module.compiler.target.features - {"avx_vnni"})
+    return module
+
+
+def full_range(rng: np.random.Generator, dtype: type, shape: tuple[int, ...]) -> np.ndarray:
+    info = np.iinfo(dtype)
+    return rng.integers(info.min, info.max, shape, dtype=dtype, endpoint=True)
+
+
+def test_vpmaddwd_runs_u8_s8_s8_s8_and_s16_matmuls_and_the_ir_round_trips() -> None:
+    for source in (I8, S8, S16):
+        fn = ir(source, AVX2_ONLY, A=(64, 48), B=(48, 40))
+        (t,) = schedules(fn)
+        assert (t.instruction, t.lane, t.reduction) == ("vpmaddwd_256", "i1", "i2")
+        text = format_function(fn)
+        assert format_function(parse_function(text)) == text
+        verify(parse_function(text))
+
+
+def test_the_vpmaddwd_loops_widen_at_packing_and_add_the_result() -> None:
+    """Golden loop IR (POLYTILE_UPDATE_GOLDEN=1 to accept a deliberate change): both
+    operands packed as int16 (B in groups of pairs, A's rows too, so a row's pair is one
+    word), vpmaddwd on the pairs, its result added to the accumulator."""
+    fn = ir(I8, AVX2_ONLY, A=(5, 9), B=(9, 20))
+    kernel = lower(fn)
+    text = kernel_text(kernel)
+    path = GOLDEN / "i8mm_vpmaddwd_avx2.loops"
+    if os.environ.get("POLYTILE_UPDATE_GOLDEN"):
+        path.write_text(text)
+    assert text == path.read_text(), "the loop IR changed; see the docstring"
+    assert "vpmaddwd_256" in text and "cast" in text
+    c = print_c(kernel).text
+    assert "_mm256_madd_epi16" in c and "dpbusd" not in c
+    # the accumulator adds as unsigned lanes: it wraps, as int32 sums do in NumPy
+    assert "(pt_v_int32x8)((pt_v_uint32x8)acc0 + (pt_v_uint32x8)" in c
+
+
+@pytest.mark.parametrize("source", [I8, S8, S16])
+def test_the_loop_interpreter_runs_vpmaddwd_exactly(source: str) -> None:
+    fn = ir(source, AVX2_ONLY, A=(6, 13), B=(13, 21))
+    assert schedules(fn)
+    rng = np.random.default_rng(3)
+    types = {I8: (np.uint8, np.int8), S8: (np.int8, np.int8), S16: (np.int16, np.int16)}
+    a_t, b_t = types[source]
+    a, b = full_range(rng, a_t, (6, 13)), full_range(rng, b_t, (13, 21))
+    buffers = {"p0": a, "p1": b, "o0": np.zeros((6, 21), np.int32)}
+    interp.run(fn, buffers, lower(fn))
+    want = (a.astype(np.int64) @ b.astype(np.int64)).astype(np.int32)     # mod 2^32
+    np.testing.assert_array_equal(buffers["o0"], want)
+
+
+# (100, 70, 300): threads over panels of 30 rows, the last one short, a row left over,
+# one 256-lane block and a tail of 44 lanes
+@pytest.mark.parametrize("m,k,n", [*SIZES, (100, 70, 300)])
+def test_vpmaddwd_int8_kernels_are_exact(m: int, k: int, n: int) -> None:
+    mm = avx2_only(I8).mm
+    rng = np.random.default_rng(m * k * n + 1)
+    a = full_range(rng, np.uint8, (m, k))
+    b = full_range(rng, np.int8, (k, n))
+    want = (a.astype(np.int64) @ b.astype(np.int64)).astype(np.int32)
+    for _ in range(2):                    # the checked path, then the fast path
+        np.testing.assert_array_equal(mm(a, b), want)
+    # strided, transposed and negatively strided inputs
+    wide = np.zeros((m, 3 * k), np.uint8)
+    wide[:, ::3] = a
+    np.testing.assert_array_equal(mm(wide[:, ::3], np.asfortranarray(b)), want)
+    np.testing.assert_array_equal(mm(a[::-1], b[:, ::-1]), want[::-1, ::-1])
+    # (a loop of one iteration is no lane or group loop: 1x1x1 stays scalar)
+    assert all(("_mm256_madd_epi16" in kernel.source_path.read_text()) == (min(k, n) > 1)
+               for kernel in mm._kernels.values())
+
+
+def test_vpmaddwd_extremes_and_int32_wrap_are_exact() -> None:
+    """The largest products (255 * -128, -128 * -128, -32768 * -32768: a pair of those
+    sums to 2^31, which wraps in vpmaddwd's lane as in an int32 sum), and a reduction long
+    enough that the int32 sum wraps: equal to NumPy's int64 result mod 2^32."""
+    k = 70001                             # 255 * 128 * k > 2^31
+    mm = avx2_only(I8).mm
+    a = np.full((3, k), 255, np.uint8)
+    b = np.full((k, 9), -128, np.int8)
+    want = (a.astype(np.int64) @ b.astype(np.int64)).astype(np.int32)
+    assert (want != a.astype(np.int64) @ b.astype(np.int64)).all()      # it did wrap
+    np.testing.assert_array_equal(mm(a, b), want)
+    s8 = avx2_only(S8).mm
+    c = np.full((2, 37), -128, np.int8)
+    np.testing.assert_array_equal(s8(c, c.T.copy()), np.full((2, 2), 37 * 16384, np.int32))
+    s16 = avx2_only(S16).mm
+    d = np.full((2, 4), -32768, np.int16)
+    got = s16(d, d.T.copy())
+    np.testing.assert_array_equal(got, (d.astype(np.int64) @ d.T.astype(np.int64))
+                                  .astype(np.int32))
+    rng = np.random.default_rng(7)
+    e, f = full_range(rng, np.int16, (7, 300)), full_range(rng, np.int16, (300, 19))
+    np.testing.assert_array_equal(s16(e, f), (e.astype(np.int64) @ f.astype(np.int64))
+                                  .astype(np.int32))
+
+
+@pytest.mark.parametrize("b,m,k,n", [(3, 5, 17, 23), (1, 1, 5, 9), (2, 1, 7, 33),
+                                     (3, 7, 19, 45)])
+def test_a_batched_matmul_widens_the_rows_of_its_own_batch(b: int, m: int, k: int,
+                                                           n: int) -> None:
+    """A broadcast operand that depends on an outer output loop (the batch): its packed
+    rows are (b, m) pairs; batches and rows of one are no loops."""
+    bmm = avx2_only(BATCHED).bmm
+    rng = np.random.default_rng(b * m * k * n)
+    a = full_range(rng, np.int8, (b, m, k))
+    w = full_range(rng, np.uint8, (k, n))
+    want = np.einsum("bmk,kn->bmn", a.astype(np.int64), w.astype(np.int64)).astype(np.int32)
+    np.testing.assert_array_equal(bmm(a, w), want)
+    (kernel,) = bmm._kernels.values()
+    assert "_mm256_madd_epi16" in kernel.source_path.read_text()
+
+
+def test_threads_take_panels_of_rows_through_every_column_block() -> None:
+    """One parallel region per call: the rows in panels of 30 (ten 3-row tiles), each
+    thread's panel through all four 256-lane blocks; the row left over runs serially."""
+    fn = ir(I8, AVX2_ONLY, A=(1024, 64), B=(64, 1024))
+    assert [(t.rows, t.chains) for t in schedules(fn)] == [(3, 4)]
+    found: list[L.Loop] = []
+
+    def walk(stmts: tuple) -> None:  # type: ignore[type-arg]
+        for st in stmts:
+            if isinstance(st, L.Loop):
+                if st.kind == "parallel":
+                    found.append(st)
+                walk(st.body)
+            elif isinstance(st, L.Alloc):
+                walk(st.body)
+
+    kernel = lower(fn)
+    walk(kernel.body)
+    tensorized = [loop for loop in found if any(isinstance(s, L.Loop) and s.step == 256
+                                                for s in loop.body)]
+    assert len(tensorized) == 1 and tensorized[0].step == 30

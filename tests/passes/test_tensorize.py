@@ -1,0 +1,32 @@
+"""tensorize (polytile/passes/tensorize.py): on cpu-avx2 without AVX-VNNI, a u8 x s8
+matmul is recorded to run on vpmaddwd (no accumulator operand, operands widened to
+int16); golden text before and after, and the same results from the IR interpreter.
+The kernels themselves are tested in tests/isa/test_tensorize.py."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from polytile.ir import nodes as N
+from polytile.passes.tensorize import tensorize
+from polytile.targets.target import load_target
+
+from .helpers import check_pass, lowered
+
+I8 = "def mm(uint8(M,K) A, int8(K,N) B) -> (C) {\n  C(m,n) +=! int32(A(m,k)) * int32(B(k,n))\n}\n"
+AVX2 = replace(load_target("cpu-avx2"), features=frozenset({"avx2", "fma"}))
+
+
+def test_an_avx2_target_without_vnni_records_vpmaddwd() -> None:
+    before = lowered(I8, {"A": (37, 53), "B": (53, 29)})
+    after = tensorize(before, AVX2, {})
+    (block,) = [s for s in after.body.stmts if isinstance(s, N.Block) and s.schedule.tensorize]
+    assert block.schedule.tensorize == N.Tensorized("vpmaddwd_256", "n", "k", 3, 4)
+    assert "tensorized" in block.tags and "kernel" not in block.tags
+    check_pass("tensorize_i8mm_vpmaddwd", before, after, int_high={"p0": 256, "p1": 128})
+
+
+def test_with_vnni_the_instruction_with_more_products_wins() -> None:
+    vnni = replace(AVX2, features=AVX2.features | {"avx_vnni"})
+    after = tensorize(lowered(I8, {"A": (37, 53), "B": (53, 29)}), vnni, {})
+    assert [s.schedule.tensorize.instruction for s in after.body.stmts
+            if isinstance(s, N.Block) and s.schedule.tensorize] == ["vpdpbusd_256"]
