@@ -324,8 +324,7 @@ class _Printer:
             return [f"__builtin_prefetch(&{self.element(st.buffer, st.offset)});"]
         if isinstance(st, L.Region):
             return self.region(st, fail)
-        if isinstance(st, (L.Single, L.Barrier)) or (isinstance(st, L.Loop)
-                                                     and st.kind == "workshare"):
+        if isinstance(st, L.Single) or (isinstance(st, L.Barrier) and st.space == "global"):
             raise IRError(f"a {type(st).__name__} is outside a parallel region")
         raise UnsupportedError(f"the C backend cannot print {type(st).__name__} nodes",
                                hint="barriers are for GPU backends")
@@ -450,7 +449,7 @@ class _Printer:
                 lines += self.stmt(s, fail)
             elif isinstance(s, L.Loop) and s.kind == "workshare":
                 inner = _Target(self.label("pt_next_"))
-                lines += self.loop(s, inner)
+                lines += self.loop(s, inner, in_region=True)
                 failed = failed or inner.used
             elif isinstance(s, L.Single):
                 inner = _Target(self.label("pt_done_"))
@@ -467,7 +466,10 @@ class _Printer:
         post = ["if (pt_status != 0) {", *_indent(fail.jump()), "}"] if failed else []
         return [*_omp("omp parallel"), "{", *_indent(lines), "}", *post]
 
-    def loop(self, st: L.Loop, fail: _Target) -> list[str]:
+    def loop(self, st: L.Loop, fail: _Target, in_region: bool = False) -> list[str]:
+        if (st.kind == "workshare") != in_region:
+            raise IRError(f"a {st.kind} loop {st.var} is {'in' if in_region else 'outside'} a "
+                          "parallel region (its loops are workshare loops)")
         if st.kind in ("grid", "thread"):
             raise UnsupportedError(f"loop {st.var} runs on a GPU {st.kind}, which the C "
                                    "backend cannot run", hint="compile for a GPU target")

@@ -152,10 +152,10 @@ def test_the_interpreter_runs_threads_in_turns_and_shows_a_missing_barrier() -> 
 
 
 def test_static_share_splits_like_openmp() -> None:
-    values = range(0, 10)
+    values = range(10)
     parts = [list(static_share(values, t, 3)) for t in range(3)]
     assert parts == [[0, 1, 2, 3], [4, 5, 6], [7, 8, 9]]
-    assert list(static_share(range(0, 2), 2, 3)) == []
+    assert list(static_share(range(2), 2, 3)) == []
 
 
 def test_a_region_holds_only_phases() -> None:
@@ -174,3 +174,14 @@ def test_meaning_is_kept_for_sizes_that_do_not_divide() -> None:
         after = autotile(fuse(before, GENERIC, {"groups": [[0, 1, 2]]}), GENERIC, {})
         verify(after)
         assert_same_meaning(before, after, seeds=(0, 1), tolerance=1e-4)
+
+
+def test_workshare_loops_and_singles_only_in_a_region() -> None:
+    loop = L.Loop("i0", N.Affine.constant(0), N.Affine.constant(2), (), kind="workshare")
+    for stmt in (loop, L.Single(()), L.Barrier("global")):
+        kernel = L.Kernel("bad", (), (), (stmt,))
+        with pytest.raises(IRError, match="outside a parallel region"):
+            print_c(kernel)
+        if not isinstance(stmt, L.Barrier):
+            with pytest.raises(IRError, match="outside a parallel region"):
+                loop_interp.run_kernel(kernel, [])
