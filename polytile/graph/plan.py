@@ -67,12 +67,12 @@ def plan_fusion(spec: Specialized, target: Target, config: Config,
     model = model or load_cost_model(config, target)
     before = ir_before_fuse(spec, target)
     scored = []
-    from polytile.passes.fuse import row_loop, stitches
+    from polytile.passes.fuse import fusible_group, row_loop
     for p in candidate_patterns(graph):
-        stitched = not row_loop(before, target, sorted(p.ops))
-        if stitched and not stitches(target):
+        if not fusible_group(before, target, sorted(p.ops)):
             scored.append(Scored(p, None, saved_bytes(graph, p), "model"))
             continue
+        stitched = not row_loop(before, target, sorted(p.ops))
         if measured and complex_pattern(graph, p):
             from polytile.graph.measure import measured_score
             score = measured_score(spec, target, config, p)

@@ -12,15 +12,20 @@ A phase is shared out (`for`) when its schedule runs its first loop in threads a
 nothing guards it (so it lowers to that one loop); else one thread runs it (`single`).
 The threads wait after a phase when a later phase, before the next wait, touches a
 buffer one of them writes (read after write, write after read or after write): the
-phases may run on different threads, so only a barrier orders them. Where both phases
-are shared out over the same rows and each row touches only its own elements, the same
-thread would run both (a static schedule); that case still waits (not built).
+phases may run on different threads, so only a barrier orders them. Except where both
+phases are shared out over loops of the same range and no element that iteration r of
+one touches is touched by an iteration r' != r of the other (isl, over the phases'
+whole nests, one of the two accesses a write): OpenMP's static schedule gives a thread
+the same iterations of both loops, so the thread that needs an element made it itself
+(`same_rows`).
 """
 from __future__ import annotations
 
 from collections.abc import Sequence
 
 from polytile.ir import nodes as N
+from polytile.ir.polyhedra import READ, READ_DIRS, WRITE, WRITE_DIRS, Scope, distinct, \
+    parent_footprint, to_set
 
 WRITES = ("out", "inout")
 
@@ -47,13 +52,47 @@ def depends(earlier: N.Block, later: N.Block) -> bool:
     return bool(w0 & (r1 | w1) or r0 & w1)
 
 
+def same_rows(earlier: N.Block, later: N.Block) -> bool:
+    """Whether both phases are shared out over loops of the same range and their
+    iterations r and r' != r never touch one element, one of them writing: then the
+    thread that runs iteration r of both needs nothing from another thread."""
+    if not (shareable(earlier) and shareable(later)):
+        return False
+    a, b = Scope.detached(earlier), Scope.detached(later)
+    ia, ib = earlier.index(earlier.schedule.parallel), later.index(later.schedule.parallel)
+    if ia.range != ib.range:
+        return False
+    mine = a.own[earlier.idxs.index(ia)]
+    theirs = {v: f"{v}_b" for v in b.variables}
+    for ra in earlier.refs:
+        for rb in later.refs:
+            if not ra.from_ or ra.from_ != rb.from_:
+                continue
+            for ma, mb in ((WRITE, READ), (READ, WRITE), (WRITE, WRITE)):
+                if ra.dir not in _DIRS[ma] or rb.dir not in _DIRS[mb]:
+                    continue
+                coords, fa = parent_footprint(a, ra.into, ma)
+                _, fb = parent_footprint(b, rb.into, mb)
+                fb = tuple(c.rename({**theirs, **{h: f"{h}_b" for h in c.hidden}})
+                           for c in fb)
+                free = a.variables + tuple(theirs.values()) + coords
+                if fa and fb and not to_set(free, [fa, fb, distinct(
+                        [(mine, theirs[b.own[later.idxs.index(ib)]])])]).is_empty():
+                    return False
+    return True
+
+
+_DIRS = {READ: READ_DIRS, WRITE: WRITE_DIRS}
+
+
 def required_barriers(phases: Sequence[N.Block]) -> tuple[bool, ...]:
     """Per phase, whether the threads must wait after it: the fewest barriers that order
-    every dependent pair of phases (one after the last phase is the region's end)."""
+    every dependent pair of phases that other threads may run (one after the last phase
+    is the region's end)."""
     barriers = [False] * len(phases)
     since: list[N.Block] = []       # phases since the last barrier
     for k, phase in enumerate(phases):
-        if k and any(depends(p, phase) for p in since):
+        if k and any(depends(p, phase) and not same_rows(p, phase) for p in since):
             barriers[k - 1] = True
             since = []
         since.append(phase)

@@ -132,3 +132,30 @@ def test_a_failed_check_in_a_phase_is_an_error_after_the_region() -> None:
             bad[n - 3] = v + 7
             with pytest.raises(pt.PolytileError, match="outside its bounds"):
                 planned(e, bad)
+
+
+INTERLEAVED = """
+def interleaved(float(N,D) X) -> (Y, T, Z) {
+  Y(n,d) = X(n,d) * 2
+  T(d,n) = X(n,d) + 1
+  Z(n,d) = Y(n,d) + X(n,d)
+}
+"""
+MIRRORED = INTERLEAVED.replace("Y(n,d) + X(n,d)", "Y(N - 1 - n,d) + X(n,d)")
+
+
+@pytest.mark.skipif(_GOMP is None, reason="no libgomp to set the thread count with")
+@pytest.mark.parametrize("source, barriers", [(INTERLEAVED, 0), (MIRRORED, 1)])
+def test_phases_without_barriers_agree_on_one_two_and_three_threads(source: str,
+                                                                    barriers: int) -> None:
+    planned, ir = compiled(source, "interleaved", {"X": (1001, 67)}, [[0, 1, 2]])
+    [block] = stitched_blocks(ir)
+    assert block.schedule.stitch is not None
+    assert sum(p.barrier for p in block.schedule.stitch.phases) == barriers
+    x = np.random.default_rng(2).standard_normal((1001, 67)).astype(np.float32)
+    want = pt.define(source, backend="interp").interleaved(x)
+    for threads in (1, 2, 3, 2, 2):
+        with omp_threads(threads):
+            got = planned(x)
+        for g, r in zip(got, want):
+            assert_agrees(g, r, 1e-6, f"{threads} threads")

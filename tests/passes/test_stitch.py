@@ -185,3 +185,37 @@ def test_workshare_loops_and_singles_only_in_a_region() -> None:
         if not isinstance(stmt, L.Barrier):
             with pytest.raises(IRError, match="outside a parallel region"):
                 loop_interp.run_kernel(kernel, [])
+
+
+# Y by rows, a transpose that needs nothing of Y, then Z by rows from Y's same row
+# (INTERLEAVED) or from the mirrored row (MIRRORED), which another thread made.
+INTERLEAVED = """
+def interleaved(float(N,D) X) -> (Y, T, Z) {
+  Y(n,d) = X(n,d) * 2
+  T(d,n) = X(n,d) + 1
+  Z(n,d) = Y(n,d) + X(n,d)
+}
+"""
+MIRRORED = INTERLEAVED.replace("Y(n,d) + X(n,d)", "Y(N - 1 - n,d) + X(n,d)")
+
+
+@pytest.mark.parametrize("source, waits", [(INTERLEAVED, False), (MIRRORED, True)])
+def test_phases_over_the_same_rows_need_no_barrier_for_their_own_rows(
+        source: str, waits: bool) -> None:
+    before = lowered(source, {"X": (1001, 67)})
+    after = autotile(fuse(before, GENERIC, {"groups": [[0, 1, 2]]}), GENERIC, {})
+    verify(after)
+    block = stitched_block(after)
+    assert block.schedule.stitch is not None
+    phases = block.schedule.stitch.phases
+    assert [p.shared for p in phases] == [True, True, True]
+    # Y -> T: independent. Y -> Z: the same thread made the row, unless mirrored.
+    assert [p.barrier for p in phases] == [False, waits, False]
+    buffers = random_buffers(before, np.random.default_rng(4))
+    want = run(before, buffers)
+    kernel = lower_loops(after)
+    for threads in (2, 3):
+        got = {k: v.copy() for k, v in buffers.items()}
+        loop_interp.run(after, got, kernel, threads=threads)
+        for name in want:
+            np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-5)
