@@ -24,10 +24,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from polytile.ir import nodes as N
-from polytile.ir.polyhedra import READ, READ_DIRS, WRITE, WRITE_DIRS, Scope, distinct, \
-    parent_footprint, to_set
-
-WRITES = ("out", "inout")
+from polytile.ir.polyhedra import (
+    READ,
+    READ_DIRS,
+    WRITE,
+    WRITE_DIRS,
+    Scope,
+    distinct,
+    parent_footprint,
+    to_set,
+)
 
 
 def shareable(phase: N.Block) -> bool:
@@ -40,8 +46,8 @@ def shareable(phase: N.Block) -> bool:
 
 def _touched(phase: N.Block) -> tuple[set[str], set[str]]:
     """(buffers read, buffers written) of the stitched block, by a phase."""
-    reads = {r.from_ for r in phase.refs if r.from_ and r.dir in ("in", "inout")}
-    writes = {r.from_ for r in phase.refs if r.from_ and r.dir in WRITES}
+    reads = {r.from_ for r in phase.refs if r.from_ and r.dir in READ_DIRS}
+    writes = {r.from_ for r in phase.refs if r.from_ and r.dir in WRITE_DIRS}
     return reads, writes
 
 
