@@ -35,6 +35,15 @@ The statement that clears the result moves in front of the row loop.
 
 Both "rows" and "max" keep the fused loop parallel; fusing across a dependence between
 rows (which would serialize it) is not built.
+
+With a fusion plan's groups (`fuse.groups`, polytile.graph's decision), a group that is
+not one row loop becomes one stitched block (FusionStitching §5): its row loops and
+statements are the phases of one parallel region, scheduled by autotile
+(`BlockSchedule.stitch`, polytile.ir.phases) and lowered by polytile.loops.region.
+
+    block s0 [i0:N, i1:D] (out A[i0, i1])       block stitched_0 #stitched (
+    block s1 [i0:D, i1:N] (in A[i1, i0] ...)  ->   block s0 [i0:N, i1:D] ...     (phase 0)
+                                                   block s1 [i0:D, i1:N] ... )   (phase 1)
 """
 from __future__ import annotations
 
@@ -306,7 +315,7 @@ def _localize(body: N.Block, temps: set[str]) -> N.Block:
         assert isinstance(block, N.Block)
         if "stitched" in block.tags:
             inner = _localize(block, {name})
-            if inner is not block and all(r.into != name for r in inner.refs):
+            if all(r.into != name for r in inner.refs):
                 stmts[k] = inner
                 moved.add(name)
             continue
