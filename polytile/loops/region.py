@@ -4,19 +4,21 @@ The block's schedule (`BlockSchedule.stitch`, decided by pass autotile from
 `polytile.ir.phases`) says per phase whether its parallel loop is shared out among the
 threads and whether they wait after it; this module only builds that:
 
-    block stitched_0 #stitched                 region:
-      schedule(stitch(single barrier,            single:
-                      for barrier, single))        for i0 in [0, 11): store gw[i0] = 0
-      block s4_init [i0:D] ...            ->     barrier global
-      block rows1 [r:N] schedule(parallel(r))    workshare for i1 in [0, 37) adding into gw:
-      block s6 [i0:D] ...                          ...
-                                                 barrier global
-                                                 single:
-                                                   for i2 in [0, 11): ...
+    block stitched_0 #stitched                 for i0 in [0, 11): store gw[i0] = 0
+      schedule(stitch(single barrier,          region:
+                      for, for barrier,          workshare for i1 in [0, 37) adding into gw:
+                      single))                     ...
+      block s4_init [i0:D] ...            ->     workshare for i2 in [0, 37):   (same rows)
+      block rows1 [r:N] schedule(parallel(r))      ...
+      block rows2 [r:N] schedule(parallel(r))  for i3 in [0, 11): ...    (reads gw)
+      block s6 [i0:D] ...
 
 A shared phase lowers to exactly one loop (`ir.phases.shareable` ensures it), which
 becomes a "workshare" loop; any other phase runs whole on one thread (`Single`), its
-parallel loops serial. Buffers the stitched block allocates itself are allocated once
+parallel loops serial. The region spans the first to the last shared phase: phases
+before it run on the calling thread before the threads start, those after it once they
+have all finished, so the region's start and end order them and no barrier does (under
+load every barrier waits for the thread that lost its core). Buffers the stitched block allocates itself are allocated once
 per call, outside the region, so every thread sees them. Without threads, inside
 another parallel loop, or when no phase is shared out (a region would only cost its
 fork and join), the phases simply run one after another.
@@ -41,23 +43,27 @@ def lower_block(lowering: Lowering, blk: Block, outer: Scope) -> list[L.Stmt]:
     views, private = lowering.views(blk, outer, outer.idx, False)
     buffers = lowering.locals(private, views)
     title = L.Comment(f"block {safe(blk.name)}: stitched phases")
-    threads = (lowering.options.threads and not outer.parallel
-               and any(p.shared for p in stitch.phases))
+    phases = list(zip(blk.stmts, stitch.phases))
+    shared = [k for k, (_, p) in enumerate(phases) if p.shared]
+    threads = lowering.options.threads and not outer.parallel and bool(shared)
+    first, last = (shared[0], shared[-1]) if threads else (len(phases), len(phases))
+    before, after = [], []
     body: list[L.Stmt] = []
-    for phase, decided in zip(blk.stmts, stitch.phases):
+    for k, (phase, decided) in enumerate(phases):
         if not isinstance(phase, Block):
             raise IRError(f"stitched block {blk.name!r} holds a statement that is no block")
         # A phase run by one thread gets no threads of its own: its scope is "parallel".
+        in_region = first <= k <= last
         scope = Scope(outer.idx, views, dict(outer.scalars),
-                      outer.parallel or not (threads and decided.shared))
+                      outer.parallel or not (in_region and decided.shared))
         lowered = lowering.block(phase, scope)
-        if not threads:
-            body += lowered
+        if not in_region:
+            (before if k < first else after).extend(lowered)
             continue
         body += _shared(phase, lowered) if decided.shared else [L.Single(tuple(lowered))]
-        if decided.barrier:
+        if decided.barrier and k < last:
             body.append(L.Barrier("global"))
-    stmts: list[L.Stmt] = [L.Region(tuple(body))] if threads else body
+    stmts: list[L.Stmt] = [*before, *([L.Region(tuple(body))] if threads else []), *after]
     return [title, *([L.Alloc(buffers, tuple(stmts))] if buffers else stmts)]
 
 

@@ -20,6 +20,8 @@ from polytile.compile import Compiler
 from polytile.config import load_config
 from polytile.graph.plan import plan_fusion
 from polytile.ir import nodes as N
+from polytile.loops import nodes as L
+from polytile.loops.lower import lower
 from polytile.sema.specialize import specialize
 from polytile.targets.target import select_target
 
@@ -93,6 +95,10 @@ def test_logreg_plan_is_one_stitched_kernel_and_agrees_on_one_and_two_threads() 
     compiler = Compiler(config, target, options={"fuse.groups": plan.option})
     ir = compiler.ir(spec)
     assert len(ir.body.stmts) == 1 and len(stitched_blocks(ir)) == 1
+    # The inits run before the threads start and the updates after they finish: the
+    # region holds only the shared row loop, and waits at no barrier.
+    [region] = [s for s in lower(ir).body if isinstance(s, L.Region)]
+    assert [type(s).__name__ for s in region.body if not isinstance(s, L.Comment)] == ["Loop"]
     fn = Module(w.tc, pt.define(w.tc).program, "c", compiler).logreg
     x, y, wt, b, lr = args
     x = np.asfortranarray(x)                                         # column-major
