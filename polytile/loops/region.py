@@ -16,9 +16,10 @@ threads and whether they wait after it; this module only builds that:
 A shared phase lowers to exactly one loop (`ir.phases.shareable` ensures it), which
 becomes a "workshare" loop; any other phase runs whole on one thread (`Single`), its
 parallel loops serial. The region spans the first to the last shared phase: phases
-before it run on the calling thread before the threads start, those after it once they
-have all finished, so the region's start and end order them and no barrier does (under
-load every barrier waits for the thread that lost its core). Buffers the stitched block allocates itself are allocated once
+before it run before the threads start, those after it once they have all finished
+(each as a kernel of its own would, with its own threads if its schedule has them), so
+the region's start and end order them and no barrier does (under load every barrier
+waits for the thread that lost its core). Buffers the stitched block allocates itself are allocated once
 per call, outside the region, so every thread sees them. Without threads, inside
 another parallel loop, or when no phase is shared out (a region would only cost its
 fork and join), the phases simply run one after another.
@@ -52,10 +53,11 @@ def lower_block(lowering: Lowering, blk: Block, outer: Scope) -> list[L.Stmt]:
     for k, (phase, decided) in enumerate(phases):
         if not isinstance(phase, Block):
             raise IRError(f"stitched block {blk.name!r} holds a statement that is no block")
-        # A phase run by one thread gets no threads of its own: its scope is "parallel".
+        # In the region, a phase that one thread runs gets no threads of its own (its
+        # scope is "parallel"); before and after it, a phase runs as a kernel would.
         in_region = first <= k <= last
         scope = Scope(outer.idx, views, dict(outer.scalars),
-                      outer.parallel or not (in_region and decided.shared))
+                      outer.parallel or (in_region and not decided.shared))
         lowered = lowering.block(phase, scope)
         if not in_region:
             (before if k < first else after).extend(lowered)
