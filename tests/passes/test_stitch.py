@@ -6,7 +6,9 @@ barrier; and the loop IR interpreter, which runs a region as threads taking turn
 showing the wrong result a missing barrier would give."""
 from __future__ import annotations
 
+import os
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -27,7 +29,6 @@ from polytile.passes.fuse import fuse
 
 from .helpers import (
     assert_same_meaning,
-    check_golden,
     check_pass,
     lowered,
     random_buffers,
@@ -52,6 +53,16 @@ SIZES = {"X": (300, 130), "b": (130,)}
 @pytest.fixture(autouse=True)
 def two_cores(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(autotile_module, "_cores", lambda: 2)
+
+
+GOLDEN_DIR = Path(__file__).resolve().parents[1] / "golden"
+
+
+def golden_text(path: Path, text: str) -> None:
+    """To accept a deliberate change, run with POLYTILE_UPDATE_GOLDEN=1 and review the diff."""
+    if os.environ.get("POLYTILE_UPDATE_GOLDEN"):
+        path.write_text(text)
+    assert text == path.read_text(), f"{path.name} changed; see golden_text's docstring"
 
 
 def stitched_ir() -> tuple[N.Function, N.Function]:
@@ -85,8 +96,8 @@ def test_a_group_of_two_parallel_shapes_is_one_stitched_block() -> None:
 def test_the_loop_ir_and_c_of_a_stitched_kernel() -> None:
     _, after = stitched_ir()
     kernel = lower_loops(after)
-    check_golden("stitch_two_shapes.loops", kernel_text(kernel))
-    check_golden("stitch_two_shapes.c", print_c(kernel).text)
+    golden_text(GOLDEN_DIR / "loops" / "stitch_two_shapes.loops", kernel_text(kernel))
+    golden_text(GOLDEN_DIR / "c" / "stitch_two_shapes.c", print_c(kernel).text)
     [region] = [s for s in kernel.body if isinstance(s, L.Region)]
     kinds = [type(s).__name__ if not isinstance(s, L.Loop) else s.kind for s in region.body
              if not isinstance(s, L.Comment)]
