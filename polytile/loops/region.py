@@ -19,10 +19,10 @@ parallel loops serial. The region spans the first to the last shared phase: phas
 before it run before the threads start, those after it once they have all finished
 (each as a kernel of its own would, with its own threads if its schedule has them), so
 the region's start and end order them and no barrier does (under load every barrier
-waits for the thread that lost its core). Buffers the stitched block allocates itself are allocated once
-per call, outside the region, so every thread sees them. Without threads, inside
-another parallel loop, or when no phase is shared out (a region would only cost its
-fork and join), the phases simply run one after another.
+waits for the thread that lost its core). Buffers the stitched block allocates itself
+are allocated once per call, outside the region, so every thread sees them. Without
+threads, inside another parallel loop, or when no phase is shared out (a region would
+only cost its fork and join), the phases simply run one after another.
 """
 from __future__ import annotations
 
