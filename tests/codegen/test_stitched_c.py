@@ -11,6 +11,7 @@ from contextlib import contextmanager
 import numpy as np
 import pytest
 from conformance.test_conformance import assert_agrees
+from passes.test_stitch import INTERLEAVED, MIRRORED, TWO_SHAPES
 
 import polytile as pt
 from polytile.api import Module
@@ -24,14 +25,6 @@ from polytile.loops import nodes as L
 from polytile.loops.lower import lower
 from polytile.sema.specialize import specialize
 from polytile.targets.target import select_target
-
-TWO_SHAPES = """
-def two_shapes(float(N,D) X, float(D) b) -> (T, c) {
-  s(n) +=! X(n,d)
-  T(d,n) = X(n,d) - s(n) / D + b(d)
-  c(d) +=! T(d,n)
-}
-"""
 
 _GOMP = ctypes.util.find_library("gomp")
 
@@ -138,16 +131,6 @@ def test_a_failed_check_in_a_phase_is_an_error_after_the_region() -> None:
             bad[n - 3] = v + 7
             with pytest.raises(pt.PolytileError, match="outside its bounds"):
                 planned(e, bad)
-
-
-INTERLEAVED = """
-def interleaved(float(N,D) X) -> (Y, T, Z) {
-  Y(n,d) = X(n,d) * 2
-  T(d,n) = X(n,d) + 1
-  Z(n,d) = Y(n,d) + X(n,d)
-}
-"""
-MIRRORED = INTERLEAVED.replace("Y(n,d) + X(n,d)", "Y(N - 1 - n,d) + X(n,d)")
 
 
 @pytest.mark.skipif(_GOMP is None, reason="no libgomp to set the thread count with")
