@@ -49,6 +49,11 @@ nothing:
   a parallel loop a failed check records the error (first one wins) and skips the rest
   of its iteration; the function returns after the loop. Grid and thread loops (GPU
   kinds) are refused.
+* `Region` is `#pragma omp parallel` around its body: a "workshare" loop gets
+  `#pragma omp for schedule(static) nowait` (with its reduction), a `Single`
+  `#pragma omp single nowait`, a `Barrier("global")` `#pragma omp barrier`. A failed
+  check inside records the error and skips the rest of its iteration (or single); the
+  function returns after the region.
 * Scalars are C scalars (`cexpr`, 16-bit floats held in a `float`); vectors are GCC
   vector extensions (`pt_vf`, float32, one width per function, `vmath`). Each op's C form
   is its row in `cops.C_OPS`.
@@ -317,6 +322,10 @@ class _Printer:
             return self.instruction(st)
         if isinstance(st, L.Prefetch):
             return [f"__builtin_prefetch(&{self.element(st.buffer, st.offset)});"]
+        if isinstance(st, L.Region):
+            return self.region(st, fail)
+        if isinstance(st, L.Single) or (isinstance(st, L.Barrier) and st.space == "global"):
+            raise IRError(f"a {type(st).__name__} is outside a parallel region")
         raise UnsupportedError(f"the C backend cannot print {type(st).__name__} nodes",
                                hint="barriers are for GPU backends")
 
@@ -451,22 +460,57 @@ class _Printer:
                                    f"{self.vector} and {t}")
         self.vector = t
 
-    def loop(self, st: L.Loop, fail: _Target) -> list[str]:
+    def region(self, st: L.Region, fail: _Target) -> list[str]:
+        """One parallel region; its phases skip to their end on a failure, and the
+        function returns after the region."""
+        lines: list[str] = []
+        failed = False
+        for s in st.body:
+            if isinstance(s, L.Comment):
+                lines += self.stmt(s, fail)
+            elif isinstance(s, L.Loop) and s.kind == "workshare":
+                inner = _Target(self.label("pt_next_"))
+                lines += self.loop(s, inner, in_region=True)
+                failed = failed or inner.used
+            elif isinstance(s, L.Single):
+                inner = _Target(self.label("pt_done_"))
+                body = self.stmts(s.body, inner)
+                if inner.used:
+                    body.append(f"{inner.label}: ;")
+                    failed = True
+                lines += [*_omp("omp single nowait"), "{", *_indent(body), "}"]
+            elif isinstance(s, L.Barrier) and s.space == "global":
+                lines += _omp("omp barrier")
+            else:
+                raise IRError(f"a parallel region holds a {type(s).__name__} (only workshare "
+                              "loops, singles, global barriers and comments)")
+        post = ["if (pt_status != 0) {", *_indent(fail.jump()), "}"] if failed else []
+        return [*_omp("omp parallel"), "{", *_indent(lines), "}", *post]
+
+    def loop(self, st: L.Loop, fail: _Target, in_region: bool = False) -> list[str]:
+        if (st.kind == "workshare") != in_region:
+            raise IRError(f"a {st.kind} loop {st.var} is {'in' if in_region else 'outside'} a "
+                          "parallel region (its loops are workshare loops)")
         if st.kind in ("grid", "thread"):
             raise UnsupportedError(f"loop {st.var} runs on a GPU {st.kind}, which the C "
                                    "backend cannot run", hint="compile for a GPU target")
         post: list[str] = []
         pragma = "omp simd" if st.simd else None
         inner_fail = fail
-        if st.kind == "parallel":
-            pragma = "omp parallel for simd" if st.simd else "omp parallel for"
+        if st.kind in ("parallel", "workshare"):
+            pragma = "omp parallel for" if st.kind == "parallel" else "omp for"
+            pragma += " simd" if st.simd else ""
+            pragma += " schedule(static) nowait" if st.kind == "workshare" else ""
             for s in st.accumulate:
                 if s.buffer not in self.buffers:
                     raise IRError(f"buffer {s.buffer} is not declared")
                 self.used_buffers.add(s.buffer)
                 pragma += f" reduction(+: {s.buffer}[{s.offset}:{s.count}])"
-            inner_fail = _Target(self.label("pt_next_"))
+            # In a region, `fail` is already the iteration's end (see region).
+            inner_fail = fail if st.kind == "workshare" else _Target(self.label("pt_next_"))
         body = self.stmts(st.body, inner_fail)
+        if st.kind == "workshare" and fail.used:
+            body.append(f"{fail.label}: ;")
         if inner_fail is not fail and inner_fail.used:
             body.append(f"{inner_fail.label}: ;")
             post = ["if (pt_status != 0) {", *_indent(fail.jump()), "}"]
@@ -600,6 +644,10 @@ def _vcombine(agg: str, acc: str, value: str) -> str:
     if agg == "assign":
         return value
     return f"pt_v{agg}_nan({acc}, {value})"
+
+
+def _omp(pragma: str) -> list[str]:
+    return ["#ifdef _OPENMP", f"#pragma {pragma}", "#endif"]
 
 
 def _comment(text: str) -> str:

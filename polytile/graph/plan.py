@@ -7,8 +7,10 @@
 A pattern scores f(P) = sum of M'(v) + (N - 1) * phi (the cost model), or, with `measured=True`
 and for the paper's complex patterns, the time the compiled kernel saves (execution-based,
 cached). A pattern the code generator cannot build as one kernel gets no score and is
-listed as such: today that is every pattern whose ops do not share one row loop
-(stitching phases of different parallel shapes into one region is not built).
+listed as such. A pattern whose ops do not share one row loop is built as a stitched
+kernel (its row loops and statements are the phases of one OpenMP region, pass fuse's
+`stitched`) on targets with OpenMP threads, and listed as "stitched"; on the others
+(GPU compositions are not built) it is "not built (no single row loop)".
 
 The plan is the one decision of which statements share a kernel; pass `fuse` builds it
 from the option `fuse.groups` (Compiler does this when `fuse.strategy` is "plan").
@@ -40,6 +42,7 @@ class Scored:
     score: float | None         # seconds saved; None: cannot be built as one kernel
     saved: int                  # bytes the model counts as saved
     basis: str                  # "model" or "measured"
+    stitched: bool = False      # built as phases of one parallel region, not one row loop
 
 
 @dataclass(frozen=True)
@@ -64,17 +67,19 @@ def plan_fusion(spec: Specialized, target: Target, config: Config,
     model = model or load_cost_model(config, target)
     before = ir_before_fuse(spec, target)
     scored = []
+    from polytile.passes.fuse import fusible_group, row_loop
     for p in candidate_patterns(graph):
-        from polytile.passes.fuse import fusible_group
         if not fusible_group(before, target, sorted(p.ops)):
             scored.append(Scored(p, None, saved_bytes(graph, p), "model"))
             continue
+        stitched = not row_loop(before, target, sorted(p.ops))
         if measured and complex_pattern(graph, p):
             from polytile.graph.measure import measured_score
             score = measured_score(spec, target, config, p)
-            scored.append(Scored(p, score, saved_bytes(graph, p), "measured"))
+            scored.append(Scored(p, score, saved_bytes(graph, p), "measured", stitched))
             continue
-        scored.append(Scored(p, model_score(graph, p, model), saved_bytes(graph, p), "model"))
+        scored.append(Scored(p, model_score(graph, p, model), saved_bytes(graph, p), "model",
+                             stitched))
     usable = [s for s in scored if s.score is not None and s.score >= 0]
     solution = solve_plan(graph, [s.pattern.ops for s in usable],
                           [s.score or 0.0 for s in usable])
@@ -123,13 +128,16 @@ def format_plan(plan: FusionPlan) -> str:
     for s in plan.scored:
         ops = "{" + ",".join(str(k) for k in s.pattern.key) + "}"
         score = ("not built (no single row loop)" if s.score is None
-                 else f"score {s.score * 1e6:.2f} us ({s.basis})")
+                 else f"score {s.score * 1e6:.2f} us ({s.basis})"
+                 + (", stitched" if s.stitched else ""))
         lines.append(f"    {ops:<16} {s.pattern.how:<32} saves {s.saved} B  {score}")
     lines.append(f"  plan: {len(plan.groups)} kernels for {len(g.ops)} ops, objective "
                  f"{plan.objective * 1e6:.2f} us, ILP {plan.rounds} solve(s)")
+    stitched = {s.pattern.key for s in plan.scored if s.stitched}
     for k, group in enumerate(plan.groups):
-        lines.append(f"    kernel {k}: " + "{" + ",".join(str(i) for i in group) + "}"
-                     + (f"  {_row_bytes(g, group)} B per row" if len(group) > 1 else ""))
+        how = ("  stitched: phases in one parallel region" if group in stitched
+               else f"  {_row_bytes(g, group)} B per row" if len(group) > 1 else "")
+        lines.append(f"    kernel {k}: " + "{" + ",".join(str(i) for i in group) + "}" + how)
     return "\n".join(lines) + "\n"
 
 

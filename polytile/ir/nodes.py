@@ -253,6 +253,27 @@ class Across:
 
 
 @dataclass(frozen=True)
+class Phase:
+    """One phase of a stitched block (`Stitched`): `shared`, the iterations of its
+    parallel loop are shared out among the region's threads (OpenMP `for`); otherwise one
+    thread runs the whole phase (`single`). `barrier`: every thread waits after it until
+    all have finished it (a later phase reads or writes what it touched)."""
+
+    shared: bool
+    barrier: bool
+
+
+@dataclass(frozen=True)
+class Stitched:
+    """A block without indices whose statements (its phases, nested blocks of possibly
+    different parallel shapes) run in one team of threads, FusionStitching's block
+    composition (§5.1) on a CPU: one OpenMP parallel region, a phase per statement, in
+    order, separated by barriers where `polytile.ir.phases` finds a dependence."""
+
+    phases: tuple[Phase, ...]
+
+
+@dataclass(frozen=True)
 class BlockSchedule:
     """How a block's iterations run: decided by passes, recorded here as data, printed
     by backends (which decide nothing). The default is plain serial loops.
@@ -282,7 +303,9 @@ class BlockSchedule:
     * stage: a GPU thread tile's reduction runs in tiles through local memory, with its
       accumulator in a register (pass `gpu`; `Staged`); with `unroll`, the output
       indices whose points each work-item computes (a register tile);
-    * across: a GPU reduction shared out over a group's work-items (pass `gpu`; `Across`).
+    * across: a GPU reduction shared out over a group's work-items (pass `gpu`; `Across`);
+    * stitch: the block's statements are the phases of one parallel region (`Stitched`,
+      set by pass autotile on the blocks pass fuse stitches).
     """
 
     micro: bool = False
@@ -299,6 +322,7 @@ class BlockSchedule:
     tensorize: Tensorized | None = None
     stage: Staged | None = None
     across: Across | None = None
+    stitch: Stitched | None = None
 
 
 # The element types whose buffers threads may accumulate privately (BlockSchedule.combine):

@@ -34,10 +34,12 @@ from polytile.ir.nodes import (
     Intrinsic,
     Load,
     LoadIndex,
+    Phase,
     Refinement,
     Special,
     Staged,
     Statement,
+    Stitched,
     Store,
     Tensorized,
     TensorShape,
@@ -212,19 +214,23 @@ class _Parser(TokenCursor[_Token]):
             return
         if word not in ("parallel", "combine", "vector", "unroll", "order", "transpose",
                         "boundary",
-                        "prefetch", "tensorize", "stage", "across", *GPU_KINDS):
+                        "prefetch", "tensorize", "stage", "across", "stitch", *GPU_KINDS):
             raise IRError(f"unknown schedule item {word!r}", item.loc,
                           "items: micro, vector(i, dtype, lanes), boundary(remainders|guarded), "
                           "unroll(i, ...), order(i, ...), transpose(width), parallel(i), "
                           "combine(buffer, ...), simd, "
                           "grid(i), thread(i), prefetch(distance), tensorize(instruction, i, k), "
-                          "stage(k, tile, A, ..., pad = n), across(k, threads)")
+                          "stage(k, tile, A, ..., pad = n), across(k, threads), "
+                          "stitch(for barrier, single, ...)")
         self.expect("(")
         if word in ("unroll", "order"):
             fields[word] = self.listed(")", lambda: self.name("an index"))
             return
         if word == "combine":
             fields[word] = self.listed(")", lambda: self.name("a buffer"))
+            return
+        if word == "stitch":
+            fields[word] = Stitched(self.listed(")", self.phase))
             return
         if word == "parallel":
             fields["parallel"] = self.name("the index that runs in threads")
@@ -273,6 +279,17 @@ class _Parser(TokenCursor[_Token]):
         else:
             gpu.append((self.name("an index"), word))
         self.expect(")")
+
+    def phase(self) -> Phase:
+        """`for` or `single`, then `barrier` if the threads wait after the phase."""
+        tok = self.tok
+        kind = self.name("for or single")
+        if kind not in ("for", "single"):
+            raise IRError(f"a stitched phase is `for` or `single`, not {kind!r}", tok.loc)
+        barrier = self.tok.text == "barrier"
+        if barrier:
+            self.advance()
+        return Phase(kind == "for", barrier)
 
     def comment(self) -> str:
         lines = []

@@ -33,7 +33,9 @@ Schedules (`BlockSchedule`), which passes decide and backends print:
   contiguous), its lanes are a power of two, and with `target` at most what one of
   the target's registers holds of its dtype;
 * iterations of the parallel index write disjoint elements (isl), but for the
-  buffers it combines (aggregation add, float types, at a place fixed across threads).
+  buffers it combines (aggregation add, float types, at a place fixed across threads);
+* a stitched block's phases (`Stitched`) are its blocks, with a barrier after each one
+  that a later phase depends on (`polytile.ir.phases`).
 """
 from __future__ import annotations
 
@@ -44,6 +46,7 @@ from typing import TYPE_CHECKING
 from polytile import dtypes
 from polytile.errors import IRError
 from polytile.ir import intrinsics, polyhedra
+from polytile.ir import phases as phases_
 from polytile.ir.nodes import (
     AGG_OPS,
     BOUNDARY_KINDS,
@@ -61,6 +64,7 @@ from polytile.ir.nodes import (
     Refinement,
     Special,
     Staged,
+    Stitched,
     Store,
     Tensorized,
     VectorLoop,
@@ -147,6 +151,28 @@ def _check_stage(block: Block, stage: Staged, path: str) -> None:
             raise _fail(path, f"stage names {name}, which is not an input view of the block")
 
 
+def _check_stitch(block: Block, stitch: Stitched, path: str) -> None:
+    """A stitched block: no indices of its own, only blocks as statements, a phase per
+    block, shared out only where it can be, and a barrier wherever a dependence between
+    phases needs one (`polytile.ir.phases`)."""
+    phases = [st for st in block.stmts if isinstance(st, Block)]
+    if block.idxs or len(phases) != len(block.stmts) or len(phases) != len(stitch.phases):
+        raise _fail(path, f"a stitched block has no indices and one block per phase, not "
+                          f"{len(block.idxs)} indices and {len(block.stmts)} statements for "
+                          f"{len(stitch.phases)} phases")
+    if block.schedule.parallel is not None or block.schedule.combine:
+        raise _fail(path, "a stitched block's threads are its phases' (schedule them there)")
+    needed = phases_.required_barriers(phases)
+    for k, (phase, decided) in enumerate(zip(phases, stitch.phases)):
+        if decided.shared and not phases_.shareable(phase):
+            raise _fail(path, f"phase {phase.name} is shared out among threads, but its "
+                              "schedule runs no first loop in threads (or a constraint "
+                              "guards it)")
+        if needed[k] and not decided.barrier:
+            raise _fail(path, f"phase {phase.name} has no barrier after it, but a later "
+                              "phase touches what it writes (or writes what it reads)")
+
+
 def _check_across(block: Block, across: Across, path: str) -> None:
     """A reduction across work-items: a power-of-two group over the only loop of a leaf
     whose one store aggregates along it, without data-dependent subscripts (a failed
@@ -217,6 +243,8 @@ def _check_schedule(block: Block, path: str, target: Target | None) -> None:
         _check_stage(block, s.stage, path)
     if s.across is not None:
         _check_across(block, s.across, path)
+    if s.stitch is not None:
+        _check_stitch(block, s.stitch, path)
     if s.vector is not None:
         _check_vector(block, s.vector, path, target)
     if s.combine:

@@ -13,7 +13,12 @@ by its size (locals). Beyond the C backend's semantics it checks what C cannot:
 * parallel, grid and thread loops run their iterations in reverse order, so a result
   that depends on their order shows;
 * a local whose `init` is "" (the lowering proved the body writes it before reading it)
-  starts as NaN or a poison integer, so a wrong proof shows.
+  starts as NaN or a poison integer, so a wrong proof shows;
+* a parallel region runs as `threads` (default 2) threads taking turns, the last thread
+  first: between two barriers each thread runs its part of every phase (its share of a
+  workshare loop, split as OpenMP's static schedule splits it; a `Single` is thread 0's)
+  before the next thread starts, so a phase that reads what another thread wrote
+  without a barrier in between reads a stale or NaN value and the result shows it.
 """
 from __future__ import annotations
 
@@ -34,8 +39,8 @@ _AGGREGATE = {"add": np.add, "mul": np.multiply, "max": np.maximum, "min": np.mi
 _POISON = 0x5A
 
 
-def run(fn: Function, buffers: Mapping[str, np.ndarray], kernel: L.Kernel | None = None
-        ) -> None:
+def run(fn: Function, buffers: Mapping[str, np.ndarray], kernel: L.Kernel | None = None,
+        threads: int = 2) -> None:
     """Execute the loop IR of `fn` on `buffers` (by top-level refinement name; scalars as
     0-d arrays). `out`/`inout` arrays are updated in place when the run succeeds."""
     kernel = lower(fn) if kernel is None else kernel
@@ -44,14 +49,14 @@ def run(fn: Function, buffers: Mapping[str, np.ndarray], kernel: L.Kernel | None
     for b in kernel.params:
         view, _ = layouts[fn.params[b.param]]
         memory[b.name] = (view.storage, int(view.base[0]))
-    _Machine(memory).kernel(kernel)
+    _Machine(memory, threads).kernel(kernel)
     for ref in fn.body.refs:
         if ref.into in layouts and ref.dir in ("out", "inout"):
             view, offsets = layouts[ref.into]
             buffers[ref.into][...] = view.storage[offsets]
 
 
-def run_kernel(kernel: L.Kernel, arrays: Sequence[np.ndarray]) -> None:
+def run_kernel(kernel: L.Kernel, arrays: Sequence[np.ndarray], threads: int = 2) -> None:
     """Execute `kernel` on flat memory: `arrays[p]` is parameter p's, a C-contiguous array
     whose first element is the kernel's offset 0 (outputs are written in place)."""
     if len(arrays) != len(kernel.params):
@@ -65,11 +70,14 @@ def run_kernel(kernel: L.Kernel, arrays: Sequence[np.ndarray]) -> None:
             raise ArgumentError(f"parameter {b.param} of kernel {kernel.name} needs a "
                                 f"C-contiguous {b.dtype} array")
         memory[b.name] = (array.reshape(-1), 0)
-    _Machine(memory).kernel(kernel)
+    _Machine(memory, threads).kernel(kernel)
 
 
 class _Machine:
-    def __init__(self, memory: dict[str, tuple[np.ndarray, int]]) -> None:
+    def __init__(self, memory: dict[str, tuple[np.ndarray, int]], threads: int = 2) -> None:
+        if threads < 1:
+            raise ArgumentError(f"a parallel region needs at least one thread, not {threads}")
+        self.threads = threads
         self.memory = memory                                   # buffer -> (storage, origin)
         self.values: dict[str, np.ndarray] = {}
         self.types: dict[str, L.VType] = {}
@@ -121,10 +129,13 @@ class _Machine:
         elif isinstance(st, L.Store):
             self.store(st)
         elif isinstance(st, L.Loop):
-            values = range(self.i(st.lo), self.i(st.hi), st.step)
-            for v in (reversed(values) if st.kind != "serial" else values):
-                self.ints[st.var] = v
-                self.stmts(st.body)
+            if st.kind == "workshare":
+                raise IRError(f"workshare loop {st.var} is outside a parallel region")
+            self.loop(st, range(self.i(st.lo), self.i(st.hi), st.step))
+        elif isinstance(st, L.Region):
+            self.region(st)
+        elif isinstance(st, L.Single):
+            raise IRError("a single is outside a parallel region")
         elif isinstance(st, L.If):
             self.stmts(st.then if all(self.i(c) >= 0 for c in st.conds) else st.else_)
         elif isinstance(st, L.Switch):
@@ -145,7 +156,34 @@ class _Machine:
             self.instruction(st)
         elif not isinstance(st, (L.Comment, L.Prefetch)):
             raise UnsupportedError(f"the loop IR interpreter cannot run {type(st).__name__} "
-                                   "nodes yet (GPU barriers: issue 15)")
+                                   "nodes here (GPU barriers: issue 15; global barriers "
+                                   "only directly in a parallel region)")
+
+    def loop(self, st: L.Loop, values: range) -> None:
+        for v in (reversed(values) if st.kind != "serial" else values):
+            self.ints[st.var] = v
+            self.stmts(st.body)
+
+    def region(self, st: L.Region) -> None:
+        """The threads take turns between barriers, the last thread first."""
+        segments: list[list[L.Stmt]] = [[]]
+        for s in st.body:
+            if isinstance(s, L.Barrier) and s.space == "global":
+                segments.append([])
+            elif isinstance(s, (L.Comment, L.Single)) or (
+                    isinstance(s, L.Loop) and s.kind == "workshare"):
+                segments[-1].append(s)
+            else:
+                raise IRError(f"a parallel region holds a {type(s).__name__} (only workshare "
+                              "loops, singles, global barriers and comments)")
+        for segment in segments:
+            for thread in reversed(range(self.threads)):
+                for s in segment:
+                    if isinstance(s, L.Single) and thread == 0:
+                        self.stmts(s.body)
+                    elif isinstance(s, L.Loop):
+                        values = range(self.i(s.lo), self.i(s.hi), s.step)
+                        self.loop(s, static_share(values, thread, self.threads))
 
     def instruction(self, st: L.Instruction) -> None:
         """Run an instruction's registered meaning on its inputs, checking the types."""
@@ -220,3 +258,11 @@ class _Machine:
         if isinstance(e, L.Shuffle):
             return np.concatenate([self.values[e.a], self.values[e.b]])[list(e.lanes)]
         raise IRError(f"unknown loop IR expression {type(e).__name__}")
+
+
+def static_share(values: range, thread: int, threads: int) -> range:
+    """The iterations OpenMP's static schedule (no chunk size) gives `thread` of
+    `threads`: contiguous blocks, the first `len % threads` threads one longer."""
+    q, r = divmod(len(values), threads)
+    start = thread * q + min(thread, r)
+    return values[start:start + q + (thread < r)]

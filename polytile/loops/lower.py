@@ -14,7 +14,8 @@
   lowers the block to vector code (`polytile.loops.vector`; `transpose`:
   `polytile.loops.transpose`); `stage` lowers a GPU thread tile with its reduction staged
   through local memory, `across` a reduction shared by a work-group
-  (`polytile.loops.gpu_tile`).
+  (`polytile.loops.gpu_tile`); `stitch` makes a block's phases one parallel region
+  (`polytile.loops.region`).
 * Local buffers: up to `stack_bytes` on the stack; a larger top-level one from a kept
   pool, a larger nested one from the heap per iteration (private to it). A float local
   starts as NaN and another as 0, unless the first top-level statement that touches it
@@ -107,7 +108,7 @@ def may_fail(stmts: tuple[L.Stmt, ...] | list[L.Stmt]) -> bool:
         if isinstance(st, L.Alloc) and (any(b.placement == "heap" for b in st.buffers)
                                         or may_fail(st.body)):
             return True
-        if isinstance(st, (L.Loop, L.Alloc)) and may_fail(st.body):
+        if isinstance(st, (L.Loop, L.Alloc, L.Region, L.Single)) and may_fail(st.body):
             return True
         if isinstance(st, L.If) and (may_fail(st.then) or may_fail(st.else_)):
             return True
@@ -186,6 +187,9 @@ class Lowering:
     # ------------------------------------------------------------ blocks
 
     def block(self, blk: Block, outer: Scope, root: bool = False) -> list[L.Stmt]:
+        if blk.schedule.stitch is not None:
+            from polytile.loops import region
+            return region.lower_block(self, blk, outer)
         if blk.schedule.tensorize is not None:
             from polytile.loops import tensorize
             return tensorize.lower_block(self, blk, outer)

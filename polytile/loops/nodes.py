@@ -28,9 +28,17 @@ Semantics (the interpreter, polytile.loops.interp, is the reference):
   writes every element before reading it).
 * `Prefetch(buffer, offset)`: a hint that the element (inside the buffer) will be read
   soon; no effect on any value (the interpreter skips it).
-* `Instruction` and `Barrier` are for tensorized instructions (UNIT, issue 14) and GPU
-  backends (issue 15); the C printer and the interpreter refuse them until those give
-  them meaning.
+* `Region(body)`: one team of threads runs `body`, a stitched kernel's phases
+  (FusionStitching's block composition, §5): each statement of it is a `Comment`, a
+  loop of kind "workshare" (its iterations are shared out among the threads, the same
+  iterations to the same thread for equal bounds; no thread waits at its end), a
+  `Single` (one thread runs its body) or a `Barrier("global")` (every thread waits until
+  all have arrived, and then sees what the others wrote before it). Nothing else: a
+  statement every thread would run is not in the loop IR's meaning. Workshare loops and
+  `Single`s appear only directly in a region, and regions do not nest.
+* `Instruction` and `Barrier("shared")` are for tensorized instructions (UNIT, issue 14)
+  and GPU backends (issue 15); the C printer and the interpreter refuse them until those
+  give them meaning.
 """
 from __future__ import annotations
 
@@ -40,7 +48,7 @@ from typing import Union
 from polytile.dtypes import DType
 from polytile.ir.nodes import Affine
 
-LOOP_KINDS = ("serial", "parallel", "grid", "thread")
+LOOP_KINDS = ("serial", "parallel", "grid", "thread", "workshare")
 SPACES = ("global", "shared", "private")
 # Where the C backend keeps a buffer: an argument, the stack, a kept pool, or the heap.
 PLACEMENTS = ("param", "stack", "pool", "heap")
@@ -269,6 +277,20 @@ class Barrier:
 
 
 @dataclass(frozen=True)
+class Region:
+    """One OpenMP parallel region (see the module docstring for what its body holds)."""
+
+    body: tuple[Stmt, ...]
+
+
+@dataclass(frozen=True)
+class Single:
+    """In a region: one of its threads runs the body."""
+
+    body: tuple[Stmt, ...]
+
+
+@dataclass(frozen=True)
 class Instruction:
     name: str
     outputs: tuple[str, ...]
@@ -276,7 +298,7 @@ class Instruction:
 
 
 Stmt = Union[Let, Var, Assign, Store, Loop, If, Switch, Check, Alloc, Comment, Prefetch,
-             Barrier, Instruction]
+             Barrier, Instruction, Region, Single]
 
 
 @dataclass(frozen=True)

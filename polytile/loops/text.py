@@ -123,6 +123,12 @@ def _stmts(stmts: tuple[L.Stmt, ...], depth: int) -> list[str]:
             out.append(f"{pad}prefetch {_access(st.buffer, st.offset, 1, None)}")
         elif isinstance(st, L.Barrier):
             out.append(f"{pad}barrier {st.space}")
+        elif isinstance(st, L.Region):
+            out.append(f"{pad}region:")
+            out += _stmts(st.body, depth + 1)
+        elif isinstance(st, L.Single):
+            out.append(f"{pad}single:")
+            out += _stmts(st.body, depth + 1)
         else:
             assert isinstance(st, L.Instruction)
             out.append(f"{pad}{', '.join(st.outputs)} = instruction {st.name}"

@@ -29,6 +29,7 @@ from typing import Any
 
 from polytile.analysis.deps import scalar_indices
 from polytile.ir import nodes as N
+from polytile.ir.phases import stitch_schedule
 from polytile.passes.pipeline import register
 from polytile.errors import ArgumentError
 from polytile.passes.schedule import (Schedule, _is_parallel, apply_schedule, check_schedule,
@@ -361,6 +362,8 @@ def autotile(fn: N.Function, target: Target, params: dict[str, Any]) -> N.Functi
             s = apply_schedule(s, given.get(s.name) or choose_schedule(s, target), fn.body)
         elif isinstance(s, N.Block) and "fused" in s.tags:
             s = _schedule_fused(s, target, given)
+        elif isinstance(s, N.Block) and "stitched" in s.tags:
+            s = _schedule_stitched(s, target, given)
         stmts.append(s)
     return replace(fn, body=replace(fn.body, stmts=tuple(stmts)))
 
@@ -371,6 +374,8 @@ def _kernel_blocks(s: N.Statement) -> list[N.Block]:
         return [s]  # type: ignore[list-item]
     if isinstance(s, N.Block) and "fused" in s.tags:
         return [m for m in s.stmts if _is_leaf_kernel(m)]  # type: ignore[misc]
+    if isinstance(s, N.Block) and "stitched" in s.tags:
+        return [k for m in s.stmts for k in _kernel_blocks(m)]
     return []
 
 
@@ -403,6 +408,23 @@ def _schedule_fused(block: N.Block, target: Target, given: dict[str, Schedule]) 
         fused = replace(fused, schedule=replace(fused.schedule, parallel=index,
                                                 combine=combined if index else ()))
     return fused
+
+
+def _schedule_stitched(block: N.Block, target: Target, given: dict[str, Schedule]) -> N.Block:
+    """A stitched block's phases are scheduled as if each were a kernel of its own (its
+    parallel loop is then shared out among the region's threads); the phases' schedules
+    decide which are shared out and where the threads wait (`polytile.ir.phases`)."""
+    phases = []
+    for m in block.stmts:
+        if _is_leaf_kernel(m):
+            assert isinstance(m, N.Block)
+            m = apply_schedule(m, given.get(m.name) or choose_schedule(m, target), block)
+        elif isinstance(m, N.Block) and "fused" in m.tags:
+            m = _schedule_fused(m, target, given)
+        phases.append(m)
+    scheduled = replace(block, stmts=tuple(phases))
+    return replace(scheduled, schedule=replace(block.schedule,
+                                               stitch=stitch_schedule(scheduled)))
 
 
 register("autotile", autotile, schedules=_schedules)

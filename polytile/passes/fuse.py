@@ -35,6 +35,15 @@ The statement that clears the result moves in front of the row loop.
 
 Both "rows" and "max" keep the fused loop parallel; fusing across a dependence between
 rows (which would serialize it) is not built.
+
+With a fusion plan's groups (`fuse.groups`, polytile.graph's decision), a group that is
+not one row loop becomes one stitched block (FusionStitching §5): its row loops and
+statements are the phases of one parallel region, scheduled by autotile
+(`BlockSchedule.stitch`, polytile.ir.phases) and lowered by polytile.loops.region.
+
+    block s0 [i0:N, i1:D] (out A[i0, i1])       block stitched_0 #stitched (
+    block s1 [i0:D, i1:N] (in A[i1, i0] ...)  ->   block s0 [i0:N, i1:D] ...     (phase 0)
+                                                   block s1 [i0:D, i1:N] ... )   (phase 1)
 """
 from __future__ import annotations
 
@@ -250,13 +259,28 @@ def _joining_column(s: N.Statement, rest: list[N.Statement], group: list[N.State
 
 def _fused(name: str, members: list[N.Block], parent: N.Block) -> N.Block:
     rows = members[0].idxs[0].range
-    used: dict[str, set[str]] = {}
     added: set[str] = set()
     for m in members:
         for r in m.refs:
-            used.setdefault(r.from_, set()).add(r.dir)
             if r.dir != "in" and not any(a.coeff(m.idxs[0].name) for a in r.access):
                 added.add(r.from_)      # a column member's result: every row adds into it
+    inner = []
+    for m in members:
+        row = m.idxs[0]
+        idxs = (N.Index(row.name, 1, N.Affine.index(ROW)),) + m.idxs[1:]
+        inner.append(replace(m, idxs=idxs))
+    return N.Block(name, (N.Index(ROW, rows),), (), _outer_refs(members, parent, added),
+                   tuple(inner), frozenset({"fused"}))
+
+
+def _outer_refs(members: Sequence[N.Block], parent: N.Block,
+                added: set[str]) -> tuple[N.Refinement, ...]:
+    """Whole views of the parent's buffers the members touch, each in the direction of
+    all their uses; the `added` ones aggregate by add."""
+    used: dict[str, set[str]] = {}
+    for m in members:
+        for r in m.refs:
+            used.setdefault(r.from_, set()).add(r.dir)
     refs = []
     for p in parent.refs:
         if p.into not in used:
@@ -266,18 +290,15 @@ def _fused(name: str, members: list[N.Block], parent: N.Block) -> N.Block:
                                                  "inout" not in dirs else "inout")
         refs.append(N.Refinement(direction, p.into, p.into, tuple(N.Affine() for _ in p.access),
                                  p.shape, "add" if p.into in added else "assign"))
-    inner = []
-    for m in members:
-        row = m.idxs[0]
-        idxs = (N.Index(row.name, 1, N.Affine.index(ROW)),) + m.idxs[1:]
-        inner.append(replace(m, idxs=idxs))
-    return N.Block(name, (N.Index(ROW, rows),), (), tuple(refs), tuple(inner),
-                   frozenset({"fused"}))
+    return tuple(refs)
 
 
 def _localize(body: N.Block, temps: set[str]) -> N.Block:
     """A temporary used by one fused block only, always at its row, becomes a one-row
-    buffer allocated inside that block (each row, and so each thread, has its own)."""
+    buffer allocated inside that block (each row, and so each thread, has its own). In
+    a stitched block, the same holds of its phases: a temporary only one of its row
+    loops uses is that loop's; one that phases pass each other stays a whole buffer of
+    the function, shared by the threads (allocated once per call)."""
     users: dict[str, list[int]] = {}
     for k, s in enumerate(body.stmts):
         if isinstance(s, N.Block):
@@ -292,6 +313,12 @@ def _localize(body: N.Block, temps: set[str]) -> N.Block:
         k = ks.pop()
         block = stmts[k]
         assert isinstance(block, N.Block)
+        if "stitched" in block.tags:
+            inner = _localize(block, {name})
+            if all(r.into != name for r in inner.refs):
+                stmts[k] = inner
+                moved.add(name)
+            continue
         if "fused" not in block.tags:
             continue
         dim = _row_dim(block, name)
@@ -367,8 +394,10 @@ def statement_of(block: N.Statement) -> int | None:
 def planned_groups(fn: N.Function, target: Target,
                    plan: Sequence[Sequence[int]]) -> list[list[N.Statement]]:
     """The plan's groups of statement numbers as groups of blocks, in the plan's order;
-    within a group the statements keep their order. A group must fuse into one row loop
-    (with the inits of its column sums hoisted in front)."""
+    within a group the statements keep their order. A group fuses into one row loop
+    (with the inits of its column sums hoisted in front) where it can; otherwise, on a
+    target whose code runs in OpenMP threads, it becomes one stitched block whose
+    phases are its row loops and statements (`stitched`)."""
     owner: dict[int, list[N.Statement]] = {}
     for s in fn.body.stmts:
         k = statement_of(s)
@@ -383,24 +412,55 @@ def planned_groups(fn: N.Function, target: Target,
         raise ArgumentError(f"fuse.groups {_plan_text(plan)} must name every statement "
                             f"{sorted(owner)} once")
     groups: list[list[N.Statement]] = []
-    for g in plan:
+    for n, g in enumerate(plan):
         present = sorted(k for k in g if k in owner)
         blocks = [b for k in present for b in owner[k]]
         made = (row_groups(blocks, target, math.inf) if len(present) > 1
                 else [[b] for b in blocks])
         if len(present) > 1 and _loops(made) != 1:
-            raise ArgumentError(f"fuse.groups: statements {sorted(g)} do not fuse into one row "
-                                "loop", hint="each group's statements must share their first "
-                                "index's range and write rows independently (see docs/fusion.md)")
+            if not stitches(target):
+                raise ArgumentError(f"fuse.groups: statements {sorted(g)} do not fuse into one "
+                                    f"row loop, and target {target.name} runs no OpenMP "
+                                    "region to stitch them in", hint="each group's statements "
+                                    "must share their first index's range and write rows "
+                                    "independently (see docs/fusion.md)")
+            groups.append([stitched(f"stitched_{n}", made, fn.body)])
+            continue
         groups.extend(made)
     return groups
 
 
-def fusible_group(fn: N.Function, target: Target, group: Sequence[int]) -> bool:
-    """Whether `planned_groups` builds these statements as one kernel."""
+def stitches(target: Target) -> bool:
+    """Whether the target's code can stitch phases into one parallel region: a C
+    backend with OpenMP (the GPU compositions are not built)."""
+    return target.openmp and target.backend.startswith("c-")
+
+
+def stitched(name: str, made: list[list[N.Statement]], parent: N.Block) -> N.Block:
+    """One block whose statements are the phases of a stitched kernel: each group of
+    `made` (a row loop, or one statement) is a phase. Its refinements are every buffer
+    a phase touches, whole; pass autotile schedules the phases and records how they
+    share the threads (`BlockSchedule.stitch`)."""
+    phases: list[N.Block] = []
+    for j, group in enumerate(made):
+        if len(group) == 1:
+            phases.append(group[0])  # type: ignore[arg-type]
+        else:
+            phases.append(_fused(f"{name}_rows{j}", group, parent))  # type: ignore[arg-type]
+    return N.Block(name, (), (), _outer_refs(phases, parent, set()), tuple(phases),
+                   frozenset({"stitched"}))
+
+
+def row_loop(fn: N.Function, target: Target, group: Sequence[int]) -> bool:
+    """Whether these statements fuse into one row loop."""
     blocks = [s for s in fn.body.stmts if statement_of(s) in group]
-    made = row_groups(blocks, target, math.inf)
-    return _loops(made) == 1
+    return _loops(row_groups(blocks, target, math.inf)) == 1
+
+
+def fusible_group(fn: N.Function, target: Target, group: Sequence[int]) -> bool:
+    """Whether `planned_groups` builds these statements as one kernel: one row loop, or
+    phases stitched into one parallel region where the target has one."""
+    return stitches(target) or row_loop(fn, target, group)
 
 
 def _loops(groups: list[list[N.Statement]]) -> int:

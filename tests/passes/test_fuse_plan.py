@@ -7,12 +7,13 @@ import pytest
 
 from polytile.errors import ArgumentError
 from polytile.ir import nodes as N
-from polytile.passes.fuse import fuse, fusible_group
+from polytile.passes.fuse import fuse, fusible_group, row_loop
 from polytile.passes.pipeline import check_pass_options
 
 from .helpers import check_pass, lowered, target
 
 GENERIC = target("cpu-generic")
+OPENCL = target("opencl")         # no OpenMP region: nothing to stitch phases in
 
 # 0 and 2 share rows; 1 is a column sum. The plan fuses 0 with 2 across 1.
 SPLIT = """
@@ -53,14 +54,25 @@ def test_singleton_groups_are_fusion_off_in_the_plans_order() -> None:
 
 def test_fusible_group_says_what_the_pass_can_build() -> None:
     fn = lowered(SHAPES, {"X": (7, 5)})
-    assert not fusible_group(fn, GENERIC, [0, 1])
-    assert fusible_group(lowered(SPLIT, {"X": (7, 5), "w": (7,)}), GENERIC, [0, 2])
+    assert not row_loop(fn, GENERIC, [0, 1])
+    assert fusible_group(fn, GENERIC, [0, 1])         # stitched in one OpenMP region
+    assert not fusible_group(fn, OPENCL, [0, 1])
+    split = lowered(SPLIT, {"X": (7, 5), "w": (7,)})
+    assert row_loop(split, GENERIC, [0, 2]) and fusible_group(split, OPENCL, [0, 2])
 
 
-def test_a_group_that_is_not_one_row_loop_is_refused() -> None:
+def test_a_group_that_is_not_one_row_loop_is_stitched_on_a_cpu() -> None:
+    fn = lowered(SHAPES, {"X": (7, 5)})
+    after = fuse(fn, GENERIC, {"groups": [[0, 1]]})
+    [stitched] = top_blocks(after)
+    assert "stitched" in stitched.tags
+    assert [m.name for m in stitched.stmts] == ["s0", "s1"]
+
+
+def test_a_group_that_is_not_one_row_loop_is_refused_without_openmp() -> None:
     fn = lowered(SHAPES, {"X": (7, 5)})
     with pytest.raises(ArgumentError, match="do not fuse into one row loop"):
-        fuse(fn, GENERIC, {"groups": [[0, 1]]})
+        fuse(fn, OPENCL, {"groups": [[0, 1]]})
 
 
 def test_a_plan_must_name_every_statement_once() -> None:
