@@ -78,6 +78,49 @@ def _plan(block: N.Block, top: dict[str, N.Refinement], lanes: int, min_reuse: i
     return (v, packs) if packs else None
 
 
+def _transposes(block: N.Block, top: dict[str, N.Refinement], lanes: int, min_reuse: int,
+                line: int) -> list[tuple[N.Refinement, int]]:
+    """[(input ref, dimension to make innermost)]: the broadcast operands of an
+    outer-product kernel that are read along their rows by the reduction (dW = sum over
+    the batch of dY(b, n) * X(b, m), any A^T B): one step of the reduction reads a few
+    neighbours of the register tile's index from each row, a new cache line each time,
+    and rows a power of two apart share a few sets of L1. Transposed (the reduction
+    innermost), each unrolled value streams along one row, as A(m, k) does in A B."""
+    outs = [r for r in block.refs if r.dir in ("out", "inout")]
+    if len(outs) != 1 or any(isinstance(s, N.Block) for s in block.stmts):
+        return []
+    if any(isinstance(s, N.Load) and (s.dynamic or s.offset) for s in block.stmts):
+        return []
+    out = outs[0]
+    if not out.shape.dims or out.shape.dims[-1].stride != 1:
+        return []
+    ranges = {i.name: i.range for i in block.idxs if i.affine is None}
+    v = next((n for n in ranges if unit_dim(out, n) == len(out.access) - 1), None)
+    if v is None or ranges[v] < lanes or not _is_parallel(block, v):
+        return []
+    found = []
+    for ref in block.refs:
+        if ref.dir != "in" or ref.from_ not in top or not ref.shape.dims:
+            continue
+        used = [n for a in ref.access for n in a.names if n in ranges]
+        if v in used or any(set(a.names) & set(ranges) and (len(a.terms) > 1 or a.const)
+                            for a in ref.access):
+            continue
+        inner = min(range(len(ref.access)), key=lambda d: ref.shape.dims[d].stride)
+        u = ref.access[inner].names[0] if ref.access[inner].names else None
+        reduced = [d for d, a in enumerate(ref.access)
+                   if a.names and a.names[0] in ranges and not _is_parallel(block, a.names[0])]
+        if (u is None or u not in ranges or not _is_parallel(block, u)
+                or ref.shape.dims[inner].stride != 1 or len(reduced) != 1):
+            continue
+        d = reduced[0]
+        elem = max(1, ref.shape.dtype.bits // 8)
+        reuse = math.prod(r for n, r in ranges.items() if n not in used)
+        if ref.shape.dims[d].stride * elem > line and reuse >= min_reuse:
+            found.append((ref, d))
+    return found
+
+
 def pack(fn: N.Function, target: Target, params: dict[str, Any]) -> N.Function:
     if not params.get("enabled", True):
         return fn
@@ -102,6 +145,24 @@ def _pack_members(container: N.Block, target: Target, settings: tuple[int, int])
             stmts.append(s)
             continue
         lanes = target.vector_bytes // max(1, (s.refs[0].shape.dtype.bits // 8))
+
+        def place(copy: _Copy) -> str:
+            """The local buffer holding `copy`, made (with its copy block) on first use."""
+            if copy.key not in packed:
+                name = f"{copy.ref.from_}_panels{len(packed)}"
+                new_refs.append(N.Refinement("none", "", name, tuple(N.Affine() for _ in
+                                                                     copy.shape.dims),
+                                             copy.shape))
+                stmts.append(copy.block(name, top[copy.ref.from_], lanes))
+                packed[copy.key] = name
+            return packed[copy.key]
+
+        for ref, d in _transposes(s, top, lanes, min_reuse, target.cache_line_bytes):
+            reduction = ref.access[d].names[0]
+            copy = _Copy.of(s, ref, d, next(i.range for i in s.idxs if i.name == reduction))
+            # One panel as long as the reduction: the view's rows with `reduction` innermost.
+            s = _reading(s, ref.into, place(copy), copy, (N.Affine(),) + tuple(
+                ref.access[j] for j in copy.looped) + (ref.access[d],))
         plan = _plan(s, top, lanes, min_reuse, max_reduction)
         if plan is None:
             stmts.append(s)
@@ -111,24 +172,22 @@ def _pack_members(container: N.Block, target: Target, settings: tuple[int, int])
         width = lanes * (2 if vrange >= 2 * lanes else 1)
         copies = {ref.into: _Copy.of(s, ref, d, width) for ref, d in packs}
         s = split_index(s, v, width)
-        refs = list(s.refs)
         for into, copy in copies.items():
-            if copy.key not in packed:
-                name = f"{copy.ref.from_}_panels{len(packed)}"
-                new_refs.append(N.Refinement("none", "", name, tuple(N.Affine() for _ in
-                                                                     copy.shape.dims),
-                                             copy.shape))
-                stmts.append(copy.block(name, top[copy.ref.from_], lanes))
-                packed[copy.key] = name
-            name = packed[copy.key]
-            k = next(k for k, r in enumerate(refs) if r.into == into)
-            access = ((N.Affine.index(panel_index(v)),)
-                      + tuple(refs[k].access[j] for j in copy.looped) + (N.Affine.index(v),))
-            refs[k] = replace(refs[k], from_=name, access=access, shape=N.TensorShape(
-                copy.shape.dtype, tuple(N.Dim(1, x.stride) for x in copy.shape.dims)))
-        # Load statements name refs by `into`, which is unchanged; only the view moved.
-        stmts.append(replace(s, refs=tuple(refs)))
+            looped = tuple(s.ref(into).access[j] for j in copy.looped)
+            s = _reading(s, into, place(copy), copy, (N.Affine.index(panel_index(v)),)
+                         + looped + (N.Affine.index(v),))
+        stmts.append(s)
     return replace(container, refs=tuple(new_refs), stmts=tuple(stmts))
+
+
+def _reading(block: N.Block, into: str, name: str, copy: _Copy,
+             access: tuple[N.Affine, ...]) -> N.Block:
+    """`block` with its view `into` moved onto buffer `name`, the copy's layout, at
+    `access`. Load statements name views by `into`, which is unchanged."""
+    refs = tuple(replace(r, from_=name, access=access, shape=N.TensorShape(
+        copy.shape.dtype, tuple(N.Dim(1, x.stride) for x in copy.shape.dims)))
+        if r.into == into else r for r in block.refs)
+    return replace(block, refs=refs)
 
 
 @dataclass(frozen=True)

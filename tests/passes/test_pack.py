@@ -45,3 +45,28 @@ def test_nothing_to_pack() -> None:
     narrow = lowered(TMM, {"A": (37, 53), "B": (7, 53)})
     assert pack(narrow, AVX512, {"min_reuse": 4}) == narrow
     assert pack(tmm, AVX512, {"enabled": False}) is tmm
+
+
+ATB = "def atb(float(K,M) A, float(K,N) B) -> (C) {\n  C(m,n) +=! A(kk,m) * B(kk,n)\n}\n"
+
+
+def test_atb_transposes_the_broadcast_operand() -> None:
+    # C = A^T B (dW = dY^T X of a dense layer): the reduction runs over the outer index
+    # of both operands. B is read along n in vectors as it is; A's rows (37 floats) are
+    # a new cache line per step of kk, so A is copied once with kk innermost.
+    before = lowered(ATB, {"A": (53, 37), "B": (53, 29)})
+    after = pack(before, AVX512, {"min_reuse": 4})
+    names = [s.name for s in after.body.stmts if isinstance(s, N.Block)]
+    assert names == ["s0_init", "pack_A_panels0", "s0"]
+    (packed,) = [r for r in after.body.refs if r.dir == "none"]
+    assert packed.shape.sizes == (1, 37, 53)
+    check_pass("pack_atb", before, after)
+
+
+def test_atb_rows_within_a_line_stay() -> None:
+    # Rows of 12 floats: a step of kk reads within the line the last one did.
+    narrow = lowered(ATB, {"A": (53, 12), "B": (53, 29)})
+    assert pack(narrow, AVX512, {"min_reuse": 4}) == narrow
+    # Used by fewer than min_reuse columns of C: the copy would not pay.
+    few = lowered(ATB, {"A": (53, 37), "B": (53, 2)})
+    assert pack(few, AVX512, {"min_reuse": 4}) == few
