@@ -146,7 +146,7 @@ def _pack_members(container: N.Block, target: Target, settings: tuple[int, int])
             continue
         lanes = target.vector_bytes // max(1, (s.refs[0].shape.dtype.bits // 8))
 
-        def place(copy: _Copy) -> str:
+        def place(copy: _Copy, lanes: int = lanes) -> str:
             """The local buffer holding `copy`, made (with its copy block) on first use."""
             if copy.key not in packed:
                 name = f"{copy.ref.from_}_panels{len(packed)}"
