@@ -40,8 +40,34 @@ def unit_dim(ref: N.Refinement, index: str) -> int | None:
     return dims[0]
 
 
+# An L1 data cache indexed by the address within a page has a page's worth of sets per
+# way (Haswell to Zen 3: 32 KiB, 8 ways of 4 KiB; Ice Lake: 48 KiB, 12 ways of 4 KiB).
+L1_WAY_BYTES = 4096
+
+
+def aliased_rows(block: N.Block, ref: N.Refinement, d: int, target: Target) -> bool:
+    """Whether the rows of `ref` that a reduction index steps through (a dimension other
+    than d) fall into so few sets of L1 that one micro-kernel's rows evict each other:
+    rows 4 KiB apart (W of a 1024-wide layer) all share one set (8 lines on a 32 KiB
+    L1), so every step of the reduction reads from L2."""
+    line = target.cache_line_bytes
+    sets = max(1, L1_WAY_BYTES // line)
+    ways = max(1, target.cache_size("L1") // L1_WAY_BYTES)
+    elem = max(1, ref.shape.dtype.bits // 8)
+    ranges = {i.name: i.range for i in block.idxs if i.affine is None}
+    for j, a in enumerate(ref.access):
+        name = a.names[0] if j != d and len(a.names) == 1 else None
+        if name not in ranges or _is_parallel(block, name):
+            continue
+        stride = ref.shape.dims[j].stride * elem
+        if stride % line == 0 and ranges[name] > sets // math.gcd(stride // line, sets) * ways:
+            return True
+    return False
+
+
 def _plan(block: N.Block, top: dict[str, N.Refinement], lanes: int, min_reuse: int,
-          max_reduction: int) -> tuple[str, list[tuple[N.Refinement, int]]] | None:
+          max_reduction: int, target: Target
+          ) -> tuple[str, list[tuple[N.Refinement, int]]] | None:
     """(vector index, [(input ref, dimension to make innermost)]) or None."""
     outs = [r for r in block.refs if r.dir in ("out", "inout")]
     if len(outs) != 1 or any(isinstance(s, N.Block) for s in block.stmts):
@@ -65,7 +91,7 @@ def _plan(block: N.Block, top: dict[str, N.Refinement], lanes: int, min_reuse: i
         d = unit_dim(ref, v)
         if d is None or ref.from_ not in top:
             return None
-        if ref.shape.dims[d].stride == 1:
+        if ref.shape.dims[d].stride == 1 and not aliased_rows(block, ref, d, target):
             continue
         if any(set(a.names) & set(ranges) and (len(a.terms) > 1 or a.const)
                for a in ref.access):
@@ -163,7 +189,7 @@ def _pack_members(container: N.Block, target: Target, settings: tuple[int, int])
             # One panel as long as the reduction: the view's rows with `reduction` innermost.
             s = _reading(s, ref.into, place(copy), copy, (N.Affine(),) + tuple(
                 ref.access[j] for j in copy.looped) + (ref.access[d],))
-        plan = _plan(s, top, lanes, min_reuse, max_reduction)
+        plan = _plan(s, top, lanes, min_reuse, max_reduction, target)
         if plan is None:
             stmts.append(s)
             continue
@@ -237,8 +263,12 @@ class _Copy:
         dst = N.Refinement("out", name, name, dst_access, N.TensorShape(
             self.shape.dtype, tuple(N.Dim(1, x.stride) for x in self.shape.dims)))
         stmts = (N.Load("$x", source.into), N.Store(name, "$x"))
+        # Panels of a dimension that is already unit-stride are plain vector copies
+        # (autotile schedules them); the others are register transposes.
+        unit = self.ref.shape.dims[self.d].stride == 1
         return N.Block(f"pack_{name}", idxs, constraints, (src, dst), stmts,
-                       frozenset({"kernel", "pack"}), schedule=N.BlockSchedule(transpose=lanes))
+                       frozenset({"kernel", "pack"}),
+                       schedule=N.BlockSchedule(transpose=0 if unit else lanes))
 
 
 def split_index(block: N.Block, name: str, width: int) -> N.Block:

@@ -16,6 +16,7 @@ from polytile.targets.target import host_features, load_target, supports
 TMM = "def tmm(float(M,K) A, float(N,K) B) -> (C) {\n  C(m,n) +=! A(m,kk) * B(n,kk)\n}\n"
 TBMM = ("def tbmm(float(B,N,M) X, float(B,K,M) Y) -> (Z) {\n"
         "  Z(b,n,k) +=! X(b,n,m) * Y(b,k,m)\n}\n")
+MM = "def mm(float(M,K) A, float(K,N) B) -> (C) {\n  C(m,n) +=! A(m,kk) * B(kk,n)\n}\n"
 ATB = "def atb(float(K,M) A, float(K,N) B) -> (C) {\n  C(m,n) +=! A(kk,m) * B(kk,n)\n}\n"
 TARGETS = [t for t in ("cpu-avx512", "cpu-avx2") if supports(load_target(t), host_features())]
 
@@ -68,6 +69,21 @@ def test_atb_reads_a_transposed_copy(target: str, k: int, m: int, n: int) -> Non
     wide = rng.standard_normal((2 * k, n)).astype(np.float32)[::2]
     at = np.ascontiguousarray(rng.standard_normal((m, k)).astype(np.float32)).T
     np.testing.assert_allclose(mod.atb(at, wide), at.T @ wide, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("m,k", [(37, 45), (5, 130)])
+def test_mm_packs_rows_that_share_a_set_of_l1(target: str, m: int, k: int) -> None:
+    # B's rows 4 KiB apart are copied into panels (plain vector copies); a view of 1000
+    # columns of rows 1024 floats apart (non-contiguous) leaves a partial last panel.
+    rng = np.random.default_rng(m + k)
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    b = rng.standard_normal((k, 1024)).astype(np.float32)
+    mod = pt.define(MM, target=target)
+    assert "block pack_p1_panels0" in _source(mod, "mm", a, b)
+    np.testing.assert_allclose(mod.mm(a, b), a @ b, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(mod.mm(a, b[:, 3:1003]), a @ b[:, 3:1003], rtol=1e-4,
+                               atol=1e-4)
 
 
 def test_transpose_kernel_is_used_for_fused_rows() -> None:

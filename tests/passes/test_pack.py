@@ -70,3 +70,22 @@ def test_atb_rows_within_a_line_stay() -> None:
     # Used by fewer than min_reuse columns of C: the copy would not pay.
     few = lowered(ATB, {"A": (53, 37), "B": (53, 2)})
     assert pack(few, AVX512, {"min_reuse": 4}) == few
+
+
+def test_rows_in_one_set_of_l1_are_packed() -> None:
+    # mm with B's rows 4 KiB apart (a 1024-wide layer's W in dX = dY W): unit-stride
+    # along n already, but the rows a micro-kernel steps through share one set of L1
+    # (8 lines), so B is copied into panels as tmm's B is.
+    before = lowered(MM, {"A": (5, 20), "B": (20, 1024)})
+    after = pack(before, AVX512, {"min_reuse": 4})
+    (packed,) = [r for r in after.body.refs if r.dir == "none"]
+    assert packed.shape.sizes == (32, 20, 32)
+    (copy,) = [s for s in after.body.stmts if isinstance(s, N.Block) and "pack" in s.tags]
+    assert copy.schedule.transpose == 0          # a plain copy, vectorized by autotile
+    check_pass("pack_mm_aliased_rows", before, after)
+    # Rows 4000 bytes apart spread over the sets; 12 rows fit one set's 12 ways (the
+    # target's L1 is 48 KiB).
+    spread = lowered(MM, {"A": (5, 20), "B": (20, 1000)})
+    assert pack(spread, AVX512, {"min_reuse": 4}) == spread
+    few = lowered(MM, {"A": (5, 12), "B": (12, 1024)})
+    assert pack(few, AVX512, {"min_reuse": 4}) == few
