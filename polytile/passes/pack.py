@@ -42,25 +42,37 @@ def unit_dim(ref: N.Refinement, index: str) -> int | None:
 
 # An L1 data cache indexed by the address within a page has a page's worth of sets per
 # way (Haswell to Zen 3: 32 KiB, 8 ways of 4 KiB; Ice Lake: 48 KiB, 12 ways of 4 KiB).
-L1_WAY_BYTES = 4096
+PAGE_BYTES = 4096
+# Reuse (multiply-adds per element) above which copying an operand whose rows lie a page
+# or more apart pays: the copy costs a load and a store per element. dX and dW of MLP1
+# (rows 8000 bytes apart, used 128 times; one thread, Zen 3, load ~5.6): 1.50 -> 1.17
+# and 1.44 -> 1.24 ms median with the copy.
+PAGE_ROWS_MIN_REUSE = 64
 
 
-def aliased_rows(block: N.Block, ref: N.Refinement, d: int, target: Target) -> bool:
+def scattered_rows(block: N.Block, ref: N.Refinement, d: int, target: Target) -> bool:
     """Whether the rows of `ref` that a reduction index steps through (a dimension other
-    than d) fall into so few sets of L1 that one micro-kernel's rows evict each other:
-    rows 4 KiB apart (W of a 1024-wide layer) all share one set (8 lines on a 32 KiB
-    L1), so every step of the reduction reads from L2."""
+    than d) lie so far apart that a micro-kernel reading them in place waits on memory:
+    * they fall into so few sets of L1 that they evict each other: rows 4 KiB apart (W of
+      a 1024-wide layer) all share one set (8 lines on a 32 KiB L1), so every step of
+      the reduction reads from L2;
+    * or each row is on another page (more pages than the L1 TLB holds), and the
+      operand is reused enough (PAGE_ROWS_MIN_REUSE) for a copy to pay."""
     line = target.cache_line_bytes
-    sets = max(1, L1_WAY_BYTES // line)
-    ways = max(1, target.cache_size("L1") // L1_WAY_BYTES)
+    sets = max(1, PAGE_BYTES // line)
+    ways = max(1, target.cache_size("L1") // PAGE_BYTES)
     elem = max(1, ref.shape.dtype.bits // 8)
     ranges = {i.name: i.range for i in block.idxs if i.affine is None}
+    used = {n for a in ref.access for n in a.names}
+    reuse = math.prod(r for n, r in ranges.items() if n not in used)
     for j, a in enumerate(ref.access):
         name = a.names[0] if j != d and len(a.names) == 1 else None
         if name not in ranges or _is_parallel(block, name):
             continue
         stride = ref.shape.dims[j].stride * elem
         if stride % line == 0 and ranges[name] > sets // math.gcd(stride // line, sets) * ways:
+            return True
+        if stride >= PAGE_BYTES and reuse >= PAGE_ROWS_MIN_REUSE:
             return True
     return False
 
@@ -91,7 +103,7 @@ def _plan(block: N.Block, top: dict[str, N.Refinement], lanes: int, min_reuse: i
         d = unit_dim(ref, v)
         if d is None or ref.from_ not in top:
             return None
-        if ref.shape.dims[d].stride == 1 and not aliased_rows(block, ref, d, target):
+        if ref.shape.dims[d].stride == 1 and not scattered_rows(block, ref, d, target):
             continue
         if any(set(a.names) & set(ranges) and (len(a.terms) > 1 or a.const)
                for a in ref.access):

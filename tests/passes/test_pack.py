@@ -89,3 +89,14 @@ def test_rows_in_one_set_of_l1_are_packed() -> None:
     assert pack(spread, AVX512, {"min_reuse": 4}) == spread
     few = lowered(MM, {"A": (5, 12), "B": (12, 1024)})
     assert pack(few, AVX512, {"min_reuse": 4}) == few
+
+
+def test_rows_a_page_apart_are_packed_when_reused_enough() -> None:
+    # B's rows 4400 bytes apart: every step of the reduction on another page. Read by 70
+    # rows of A the copy pays; by 5 it does not.
+    reused = lowered(MM, {"A": (70, 20), "B": (20, 1100)})
+    (packed,) = [r for r in pack(reused, AVX512, {"min_reuse": 4}).body.refs
+                 if r.dir == "none"]
+    assert packed.shape.sizes == (35, 20, 32)
+    rarely = lowered(MM, {"A": (5, 20), "B": (20, 1100)})
+    assert pack(rarely, AVX512, {"min_reuse": 4}) == rarely
