@@ -72,17 +72,19 @@ def test_atb_reads_a_transposed_copy(target: str, k: int, m: int, n: int) -> Non
 
 
 @pytest.mark.parametrize("target", TARGETS)
-@pytest.mark.parametrize("m,k", [(37, 45), (5, 130)])
-def test_mm_packs_rows_that_share_a_set_of_l1(target: str, m: int, k: int) -> None:
-    # B's rows 4 KiB apart are copied into panels (plain vector copies); a view of 1000
-    # columns of rows 1024 floats apart (non-contiguous) leaves a partial last panel.
-    rng = np.random.default_rng(m + k)
+@pytest.mark.parametrize("m,k,n", [(37, 45, 1024), (5, 130, 1024), (70, 20, 1100),
+                                   (65, 33, 1030)])
+def test_mm_packs_rows_far_apart(target: str, m: int, k: int, n: int) -> None:
+    # B's rows 4 KiB apart (one set of L1), or a page or more apart and read by 64 rows of
+    # A or more, are copied into panels (plain vector copies); a view of all but 24
+    # columns (non-contiguous) leaves a partial last panel.
+    rng = np.random.default_rng(m + k + n)
     a = rng.standard_normal((m, k)).astype(np.float32)
-    b = rng.standard_normal((k, 1024)).astype(np.float32)
+    b = rng.standard_normal((k, n)).astype(np.float32)
     mod = pt.define(MM, target=target)
     assert "block pack_p1_panels0" in _source(mod, "mm", a, b)
     np.testing.assert_allclose(mod.mm(a, b), a @ b, rtol=1e-4, atol=1e-4)
-    np.testing.assert_allclose(mod.mm(a, b[:, 3:1003]), a @ b[:, 3:1003], rtol=1e-4,
+    np.testing.assert_allclose(mod.mm(a, b[:, 3:n - 21]), a @ b[:, 3:n - 21], rtol=1e-4,
                                atol=1e-4)
 
 
