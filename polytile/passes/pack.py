@@ -17,6 +17,19 @@ index is innermost, and the kernel reads the copy:
 Reuse pays when the operand is read at least `min_reuse` times per element; the
 copy pays when the reduction is short (at most `max_reduction` steps), where a
 dot-product kernel would spend much of its time in horizontal sums.
+
+Two more copies feed the same kernel from operands it could read in place but would
+wait on (both made for the gradients of dense layers, and for any contraction shaped so):
+* a vector operand already unit-stride along that index whose rows, which the
+  reduction steps through, share a few sets of L1 or lie a page apart
+  (`scattered_rows`: W of dX = dY W) goes into the same panels, by a plain copy;
+* a broadcast operand read along its rows by the reduction (A(k, m) in A^T B, dY in
+  dW = dY^T X) is copied once with the reduction innermost (`_transposes`):
+
+    block s0 [m:M, n:N, k:K] (                       block pack_p0_panels0 [o:1, a1:M, i:K] #pack
+      out o0[m, n]:add                      ->       block s0 [m:M, n:N, k:K] (
+      in p0[k, m]                                      ... in p0 <- p0_panels0[0, m, k]
+      in p1[k, n] )                                    in p1[k, n] )
 """
 from __future__ import annotations
 
