@@ -28,6 +28,7 @@ from dataclasses import replace
 from typing import Any
 
 from polytile.analysis.deps import scalar_indices
+from polytile.analysis.vectorizable import MASKED_LANES
 from polytile.ir import nodes as N
 from polytile.passes.pipeline import register
 from polytile.errors import ArgumentError
@@ -199,7 +200,10 @@ def choose_schedule(block: N.Block, target: Target) -> Schedule:
             unroll = _register_tile(picks, loops, vectors, registers, loaded,
                                     target.vector_registers)
         elif picks:
-            if vectors == 1 and vector in parallel and loops[vector] >= 2 * lanes:
+            # Where lanes cannot be masked (SSE's 4), a vector tile that does not divide
+            # the range would run its boundary tiles as scalar code.
+            if (vectors == 1 and vector in parallel and loops[vector] >= 2 * lanes
+                    and (lanes in MASKED_LANES or loops[vector] % (2 * lanes) == 0)):
                 # One broadcast operand (A in A B, dY in dW = dY^T X): the tile's second
                 # dimension is two vectors along the vector index, BLIS's 6x16 on AVX2.
                 # One vector and 8 broadcasts keep 8 accumulators, too few to hide the
