@@ -60,8 +60,8 @@ def _run_one(w: Workload, options: TimingOptions) -> TrainingRow:
         return TrainingRow(w, status="no torch version")
     args = w.make_inputs(np.random.default_rng(0))
     op = ptt.op(pt.define(w.tc)[w.function])
-    ours = [_leaf(torch, a) for a in args]
-    theirs = [_leaf(torch, a) for a in args]
+    ours = [leaf(torch, a) for a in args]
+    theirs = [leaf(torch, a) for a in args]
     seed = torch.randn(layer(*[t.detach() for t in theirs]).shape,
                        generator=torch.Generator().manual_seed(1))
 
@@ -79,8 +79,8 @@ def _run_one(w: Workload, options: TimingOptions) -> TrainingRow:
         return TrainingRow(w, status=f"FAILED: {e.message}")
     first = time.perf_counter() - start
     want = step(layer, theirs)
-    problem = _compare([got] + [t.grad for t in ours if t.requires_grad],
-                       [want] + [t.grad for t in theirs if t.requires_grad], w)
+    problem = compare_step([got] + [t.grad for t in ours if t.requires_grad],
+                           [want] + [t.grad for t in theirs if t.requires_grad], w)
     if problem:
         return TrainingRow(w, first_call=first, status=f"WRONG: {problem}")
     timings = time_blocks({"polytile": lambda: step(op, ours),
@@ -88,12 +88,12 @@ def _run_one(w: Workload, options: TimingOptions) -> TrainingRow:
     return TrainingRow(w, timings["polytile"].median, timings["torch"].median, first)
 
 
-def _leaf(torch: Any, array: np.ndarray) -> Any:
+def leaf(torch: Any, array: np.ndarray) -> Any:
     tensor = torch.from_numpy(np.ascontiguousarray(array))
     return tensor.requires_grad_() if tensor.is_floating_point() else tensor
 
 
-def _compare(got: list[Any], want: list[Any], w: Workload) -> str:
+def compare_step(got: list[Any], want: list[Any], w: Workload) -> str:
     """Why the outputs differ from torch's, or "". Errors are measured against each
     tensor's largest magnitude, not per element (harness.compare): a gradient sums many
     terms in another order, so its small elements carry the large ones' rounding."""

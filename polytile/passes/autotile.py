@@ -28,6 +28,7 @@ from dataclasses import replace
 from typing import Any
 
 from polytile.analysis.deps import scalar_indices
+from polytile.analysis.vectorizable import MASKED_LANES
 from polytile.ir import nodes as N
 from polytile.ir.phases import stitch_schedule
 from polytile.passes.pipeline import register
@@ -200,6 +201,19 @@ def choose_schedule(block: N.Block, target: Target) -> Schedule:
             unroll = _register_tile(picks, loops, vectors, registers, loaded,
                                     target.vector_registers)
         elif picks:
+            # Where lanes cannot be masked (SSE's 4), a vector tile that does not divide
+            # the range would run its boundary tiles as scalar code.
+            if (vectors == 1 and vector in parallel and loops[vector] >= 2 * lanes
+                    and (lanes in MASKED_LANES or loops[vector] % (2 * lanes) == 0)):
+                # One broadcast operand (A in A B, dY in dW = dY^T X): the tile's second
+                # dimension is two vectors along the vector index, BLIS's 6x16 on AVX2.
+                # One vector and 8 broadcasts keep 8 accumulators, too few to hide the
+                # FMA latency: dW and dX of MLP1 (128x2000x128, one thread, Zen 3) ran
+                # ~20% slower in 8x8 tiles than in 6x16.
+                vectors = 2
+                registers = max(8, target.vector_registers
+                                - max(vectors + 2, target.vector_registers // 4))
+                budget = registers // vectors
             unroll = [(picks[0], min(loops[picks[0]], budget, 12 if vectors == 2 else 8))]
     # An OpenMP region costs microseconds: not worth it for tiny kernels.
     threaded = work(block) >= PARALLEL_MIN_WORK

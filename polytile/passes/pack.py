@@ -17,6 +17,19 @@ index is innermost, and the kernel reads the copy:
 Reuse pays when the operand is read at least `min_reuse` times per element; the
 copy pays when the reduction is short (at most `max_reduction` steps), where a
 dot-product kernel would spend much of its time in horizontal sums.
+
+Two more copies feed the same kernel from operands it could read in place but would
+wait on (both made for the gradients of dense layers, and for any contraction shaped so):
+* a vector operand already unit-stride along that index whose rows, which the
+  reduction steps through, share a few sets of L1 or lie a page apart
+  (`scattered_rows`: W of dX = dY W) goes into the same panels, by a plain copy;
+* a broadcast operand read along its rows by the reduction (A(k, m) in A^T B, dY in
+  dW = dY^T X) is copied once with the reduction innermost (`_transposes`):
+
+    block s0 [m:M, n:N, k:K] (                       block pack_p0_panels0 [o:1, a1:M, i:K] #pack
+      out o0[m, n]:add                      ->       block s0 [m:M, n:N, k:K] (
+      in p0[k, m]                                      ... in p0 <- p0_panels0[0, m, k]
+      in p1[k, n] )                                    in p1[k, n] )
 """
 from __future__ import annotations
 
@@ -40,8 +53,46 @@ def unit_dim(ref: N.Refinement, index: str) -> int | None:
     return dims[0]
 
 
+# An L1 data cache indexed by the address within a page has a page's worth of sets per
+# way (Haswell to Zen 3: 32 KiB, 8 ways of 4 KiB; Ice Lake: 48 KiB, 12 ways of 4 KiB).
+PAGE_BYTES = 4096
+# Reuse (multiply-adds per element) above which copying an operand whose rows lie a page
+# or more apart pays: the copy costs a load and a store per element. dX and dW of MLP1
+# (rows 8000 bytes apart, used 128 times; one thread, Zen 3, load ~5.6): 1.50 -> 1.17
+# and 1.44 -> 1.24 ms median with the copy.
+PAGE_ROWS_MIN_REUSE = 64
+
+
+def scattered_rows(block: N.Block, ref: N.Refinement, d: int, target: Target) -> bool:
+    """Whether the rows of `ref` that a reduction index steps through (a dimension other
+    than d) lie so far apart that a micro-kernel reading them in place waits on memory:
+    * they fall into so few sets of L1 that they evict each other: rows 4 KiB apart (W of
+      a 1024-wide layer) all share one set (8 lines on a 32 KiB L1), so every step of
+      the reduction reads from L2;
+    * or each row is on another page (more pages than the L1 TLB holds), and the
+      operand is reused enough (PAGE_ROWS_MIN_REUSE) for a copy to pay."""
+    line = target.cache_line_bytes
+    sets = max(1, PAGE_BYTES // line)
+    ways = max(1, target.cache_size("L1") // PAGE_BYTES)
+    elem = max(1, ref.shape.dtype.bits // 8)
+    ranges = {i.name: i.range for i in block.idxs if i.affine is None}
+    used = {n for a in ref.access for n in a.names}
+    reuse = math.prod(r for n, r in ranges.items() if n not in used)
+    for j, a in enumerate(ref.access):
+        name = a.names[0] if j != d and len(a.names) == 1 else None
+        if name not in ranges or _is_parallel(block, name):
+            continue
+        stride = ref.shape.dims[j].stride * elem
+        if stride % line == 0 and ranges[name] > sets // math.gcd(stride // line, sets) * ways:
+            return True
+        if stride >= PAGE_BYTES and reuse >= PAGE_ROWS_MIN_REUSE:
+            return True
+    return False
+
+
 def _plan(block: N.Block, top: dict[str, N.Refinement], lanes: int, min_reuse: int,
-          max_reduction: int) -> tuple[str, list[tuple[N.Refinement, int]]] | None:
+          max_reduction: int, target: Target
+          ) -> tuple[str, list[tuple[N.Refinement, int]]] | None:
     """(vector index, [(input ref, dimension to make innermost)]) or None."""
     outs = [r for r in block.refs if r.dir in ("out", "inout")]
     if len(outs) != 1 or any(isinstance(s, N.Block) for s in block.stmts):
@@ -65,7 +116,7 @@ def _plan(block: N.Block, top: dict[str, N.Refinement], lanes: int, min_reuse: i
         d = unit_dim(ref, v)
         if d is None or ref.from_ not in top:
             return None
-        if ref.shape.dims[d].stride == 1:
+        if ref.shape.dims[d].stride == 1 and not scattered_rows(block, ref, d, target):
             continue
         if any(set(a.names) & set(ranges) and (len(a.terms) > 1 or a.const)
                for a in ref.access):
@@ -76,6 +127,49 @@ def _plan(block: N.Block, top: dict[str, N.Refinement], lanes: int, min_reuse: i
             return None
         packs.append((ref, d))
     return (v, packs) if packs else None
+
+
+def _transposes(block: N.Block, top: dict[str, N.Refinement], lanes: int, min_reuse: int,
+                line: int) -> list[tuple[N.Refinement, int]]:
+    """[(input ref, dimension to make innermost)]: the broadcast operands of an
+    outer-product kernel that are read along their rows by the reduction (dW = sum over
+    the batch of dY(b, n) * X(b, m), any A^T B): one step of the reduction reads a few
+    neighbours of the register tile's index from each row, a new cache line each time,
+    and rows a power of two apart share a few sets of L1. Transposed (the reduction
+    innermost), each unrolled value streams along one row, as A(m, k) does in A B."""
+    outs = [r for r in block.refs if r.dir in ("out", "inout")]
+    if len(outs) != 1 or any(isinstance(s, N.Block) for s in block.stmts):
+        return []
+    if any(isinstance(s, N.Load) and (s.dynamic or s.offset) for s in block.stmts):
+        return []
+    out = outs[0]
+    if not out.shape.dims or out.shape.dims[-1].stride != 1:
+        return []
+    ranges = {i.name: i.range for i in block.idxs if i.affine is None}
+    v = next((n for n in ranges if unit_dim(out, n) == len(out.access) - 1), None)
+    if v is None or ranges[v] < lanes or not _is_parallel(block, v):
+        return []
+    found = []
+    for ref in block.refs:
+        if ref.dir != "in" or ref.from_ not in top or not ref.shape.dims:
+            continue
+        used = [n for a in ref.access for n in a.names if n in ranges]
+        if v in used or any(set(a.names) & set(ranges) and (len(a.terms) > 1 or a.const)
+                            for a in ref.access):
+            continue
+        inner = min(range(len(ref.access)), key=lambda d: ref.shape.dims[d].stride)
+        u = ref.access[inner].names[0] if ref.access[inner].names else None
+        reduced = [d for d, a in enumerate(ref.access)
+                   if a.names and a.names[0] in ranges and not _is_parallel(block, a.names[0])]
+        if (u is None or u not in ranges or not _is_parallel(block, u)
+                or ref.shape.dims[inner].stride != 1 or len(reduced) != 1):
+            continue
+        d = reduced[0]
+        elem = max(1, ref.shape.dtype.bits // 8)
+        reuse = math.prod(r for n, r in ranges.items() if n not in used)
+        if ref.shape.dims[d].stride * elem > line and reuse >= min_reuse:
+            found.append((ref, d))
+    return found
 
 
 def pack(fn: N.Function, target: Target, params: dict[str, Any]) -> N.Function:
@@ -102,7 +196,25 @@ def _pack_members(container: N.Block, target: Target, settings: tuple[int, int])
             stmts.append(s)
             continue
         lanes = target.vector_bytes // max(1, (s.refs[0].shape.dtype.bits // 8))
-        plan = _plan(s, top, lanes, min_reuse, max_reduction)
+
+        def place(copy: _Copy, lanes: int = lanes) -> str:
+            """The local buffer holding `copy`, made (with its copy block) on first use."""
+            if copy.key not in packed:
+                name = f"{copy.ref.from_}_panels{len(packed)}"
+                new_refs.append(N.Refinement("none", "", name, tuple(N.Affine() for _ in
+                                                                     copy.shape.dims),
+                                             copy.shape))
+                stmts.append(copy.block(name, top[copy.ref.from_], lanes))
+                packed[copy.key] = name
+            return packed[copy.key]
+
+        for ref, d in _transposes(s, top, lanes, min_reuse, target.cache_line_bytes):
+            reduction = ref.access[d].names[0]
+            copy = _Copy.of(s, ref, d, next(i.range for i in s.idxs if i.name == reduction))
+            # One panel as long as the reduction: the view's rows with `reduction` innermost.
+            s = _reading(s, ref.into, place(copy), copy, (N.Affine(),) + tuple(
+                ref.access[j] for j in copy.looped) + (ref.access[d],))
+        plan = _plan(s, top, lanes, min_reuse, max_reduction, target)
         if plan is None:
             stmts.append(s)
             continue
@@ -111,24 +223,22 @@ def _pack_members(container: N.Block, target: Target, settings: tuple[int, int])
         width = lanes * (2 if vrange >= 2 * lanes else 1)
         copies = {ref.into: _Copy.of(s, ref, d, width) for ref, d in packs}
         s = split_index(s, v, width)
-        refs = list(s.refs)
         for into, copy in copies.items():
-            if copy.key not in packed:
-                name = f"{copy.ref.from_}_panels{len(packed)}"
-                new_refs.append(N.Refinement("none", "", name, tuple(N.Affine() for _ in
-                                                                     copy.shape.dims),
-                                             copy.shape))
-                stmts.append(copy.block(name, top[copy.ref.from_], lanes))
-                packed[copy.key] = name
-            name = packed[copy.key]
-            k = next(k for k, r in enumerate(refs) if r.into == into)
-            access = ((N.Affine.index(panel_index(v)),)
-                      + tuple(refs[k].access[j] for j in copy.looped) + (N.Affine.index(v),))
-            refs[k] = replace(refs[k], from_=name, access=access, shape=N.TensorShape(
-                copy.shape.dtype, tuple(N.Dim(1, x.stride) for x in copy.shape.dims)))
-        # Load statements name refs by `into`, which is unchanged; only the view moved.
-        stmts.append(replace(s, refs=tuple(refs)))
+            looped = tuple(s.ref(into).access[j] for j in copy.looped)
+            s = _reading(s, into, place(copy), copy, (N.Affine.index(panel_index(v)),)
+                         + looped + (N.Affine.index(v),))
+        stmts.append(s)
     return replace(container, refs=tuple(new_refs), stmts=tuple(stmts))
+
+
+def _reading(block: N.Block, into: str, name: str, copy: _Copy,
+             access: tuple[N.Affine, ...]) -> N.Block:
+    """`block` with its view `into` moved onto buffer `name`, the copy's layout, at
+    `access`. Load statements name views by `into`, which is unchanged."""
+    refs = tuple(replace(r, from_=name, access=access, shape=N.TensorShape(
+        copy.shape.dtype, tuple(N.Dim(1, x.stride) for x in copy.shape.dims)))
+        if r.into == into else r for r in block.refs)
+    return replace(block, refs=refs)
 
 
 @dataclass(frozen=True)
@@ -178,8 +288,12 @@ class _Copy:
         dst = N.Refinement("out", name, name, dst_access, N.TensorShape(
             self.shape.dtype, tuple(N.Dim(1, x.stride) for x in self.shape.dims)))
         stmts = (N.Load("$x", source.into), N.Store(name, "$x"))
+        # Panels of a dimension that is already unit-stride are plain vector copies
+        # (autotile schedules them); the others are register transposes.
+        unit = self.ref.shape.dims[self.d].stride == 1
         return N.Block(f"pack_{name}", idxs, constraints, (src, dst), stmts,
-                       frozenset({"kernel", "pack"}), schedule=N.BlockSchedule(transpose=lanes))
+                       frozenset({"kernel", "pack"}),
+                       schedule=N.BlockSchedule(transpose=0 if unit else lanes))
 
 
 def split_index(block: N.Block, name: str, width: int) -> N.Block:

@@ -101,3 +101,17 @@ def test_given_schedules_replace_the_heuristics() -> None:
     assert [i.name for i in s0.idxs] == ["m_c"] and "parallel" not in s0.tags
     from .helpers import assert_same_meaning
     assert_same_meaning(before, after)
+
+
+def test_one_broadcast_operand_takes_two_vectors_on_avx2() -> None:
+    # mm and A^T B (a weight gradient) unroll one index, the broadcast operand's: with
+    # 16 registers the tile is 6 rows of two vectors (12 accumulators, BLIS's 6x16),
+    # not 8 rows of one (8 accumulators, too few to hide the FMA latency).
+    source, shapes, _ = PROGRAMS["mm"]
+    avx2 = target("cpu-avx2")
+    schedule = choose_schedule(block(lowered(source, shapes), "s0"), avx2)
+    assert (schedule.vector, schedule.vectors, schedule.unroll) == ("n", 2, (("m", 6),))
+    atb = "def atb(float(K,M) A, float(K,N) B) -> (C) {\n  C(m,n) +=! A(kk,m) * B(kk,n)\n}\n"
+    before = lowered(atb, {"A": (53, 37), "B": (53, 45)})
+    after = autotile(before, avx2, {})
+    check_pass("autotile_atb_cpu-avx2", before, after)

@@ -45,3 +45,58 @@ def test_nothing_to_pack() -> None:
     narrow = lowered(TMM, {"A": (37, 53), "B": (7, 53)})
     assert pack(narrow, AVX512, {"min_reuse": 4}) == narrow
     assert pack(tmm, AVX512, {"enabled": False}) is tmm
+
+
+ATB = "def atb(float(K,M) A, float(K,N) B) -> (C) {\n  C(m,n) +=! A(kk,m) * B(kk,n)\n}\n"
+
+
+def test_atb_transposes_the_broadcast_operand() -> None:
+    # C = A^T B (dW = dY^T X of a dense layer): the reduction runs over the outer index
+    # of both operands. B is read along n in vectors as it is; A's rows (37 floats) are
+    # a new cache line per step of kk, so A is copied once with kk innermost.
+    before = lowered(ATB, {"A": (53, 37), "B": (53, 29)})
+    after = pack(before, AVX512, {"min_reuse": 4})
+    names = [s.name for s in after.body.stmts if isinstance(s, N.Block)]
+    assert names == ["s0_init", "pack_A_panels0", "s0"]
+    (packed,) = [r for r in after.body.refs if r.dir == "none"]
+    assert packed.shape.sizes == (1, 37, 53)
+    check_pass("pack_atb", before, after)
+
+
+def test_atb_rows_within_a_line_stay() -> None:
+    # Rows of 12 floats: a step of kk reads within the line the last one did.
+    narrow = lowered(ATB, {"A": (53, 12), "B": (53, 29)})
+    assert pack(narrow, AVX512, {"min_reuse": 4}) == narrow
+    # Used by fewer than min_reuse columns of C: the copy would not pay.
+    few = lowered(ATB, {"A": (53, 37), "B": (53, 2)})
+    assert pack(few, AVX512, {"min_reuse": 4}) == few
+
+
+def test_rows_in_one_set_of_l1_are_packed() -> None:
+    # mm with B's rows 4 KiB apart (a 1024-wide layer's W in dX = dY W): unit-stride
+    # along n already, but the rows a micro-kernel steps through share one set of L1
+    # (8 lines), so B is copied into panels as tmm's B is.
+    before = lowered(MM, {"A": (5, 20), "B": (20, 1024)})
+    after = pack(before, AVX512, {"min_reuse": 4})
+    (packed,) = [r for r in after.body.refs if r.dir == "none"]
+    assert packed.shape.sizes == (32, 20, 32)
+    (copy,) = [s for s in after.body.stmts if isinstance(s, N.Block) and "pack" in s.tags]
+    assert copy.schedule.transpose == 0          # a plain copy, vectorized by autotile
+    check_pass("pack_mm_aliased_rows", before, after)
+    # Rows 4000 bytes apart spread over the sets; 12 rows fit one set's 12 ways (the
+    # target's L1 is 48 KiB).
+    spread = lowered(MM, {"A": (5, 20), "B": (20, 1000)})
+    assert pack(spread, AVX512, {"min_reuse": 4}) == spread
+    few = lowered(MM, {"A": (5, 12), "B": (12, 1024)})
+    assert pack(few, AVX512, {"min_reuse": 4}) == few
+
+
+def test_rows_a_page_apart_are_packed_when_reused_enough() -> None:
+    # B's rows 4400 bytes apart: every step of the reduction on another page. Read by 70
+    # rows of A the copy pays; by 5 it does not.
+    reused = lowered(MM, {"A": (70, 20), "B": (20, 1100)})
+    (packed,) = [r for r in pack(reused, AVX512, {"min_reuse": 4}).body.refs
+                 if r.dir == "none"]
+    assert packed.shape.sizes == (35, 20, 32)
+    rarely = lowered(MM, {"A": (5, 20), "B": (20, 1100)})
+    assert pack(rarely, AVX512, {"min_reuse": 4}) == rarely
