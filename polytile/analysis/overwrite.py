@@ -26,7 +26,9 @@ A buffer needs no fill when
   `assign`: recursively, a block either reaches the buffer only by such writes, or the
   first of its statements that touches the buffer has this property and, in the same
   iteration, writes everything that the later statements touch (exact footprints, isl);
-* and the top-level block writes every element of it.
+* and, for an output, the top-level block writes every element of it (an element of a
+  local that nothing writes is never touched at all: the tail of a packed panel beyond
+  the operand's edge, which the micro-kernel's bounds never read).
 
 Anything else keeps the fill: the answer is conservative. The IR is assumed verified
 (`polytile.ir.verify`), so views keep their parent's strides and lie inside it, and
@@ -52,6 +54,8 @@ def _overwritten_first(body: Block, name: str) -> bool:
     root = Scope.root(body)
     if not _written_first(root, name):
         return False
+    if body.ref(name).dir == "none":
+        return True
     dims = body.ref(name).shape.dims
     elems = element_vars(0, len(dims))
     box = Conj(ineqs=tuple(ineq for e, d in zip(elems, dims) for ineq in between(e, 0, d.size - 1)))

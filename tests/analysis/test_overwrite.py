@@ -1,5 +1,5 @@
 """overwritten_first: a buffer needs no fill only when the first touch of every element is a
-write with `assign`, and every element is written."""
+write with `assign`, and every element of an output is written."""
 from __future__ import annotations
 
 from polytile.analysis.overwrite import overwritten_first
@@ -224,3 +224,43 @@ def test_an_init_that_skips_a_row_needs_the_fill() -> None:
 def test_outputs_are_found_with_their_direction() -> None:
     assert fused(("out",)) == {"Y"}
     assert fused(("none", "out")) == {"T", "Y"}
+
+
+# A packed panel's tail: T has 8 elements, the pack writes the 6 of the operand and the
+# reader reads those 6 only; elements 6 and 7 are never touched.
+PANEL = """\
+function panel(X, Y) {
+  block main (
+    in X[0] float32(6:1)
+    out Y[0] float32(6:1)
+    none T[0] float32(8:1)
+  ) {
+    block pack [i:6] (
+      in X <- X[i] float32(1:1)
+      out T <- T[i] float32(1:1)
+    ) {
+      $x = load(X)
+      T = store($x)
+    }
+    block use [i:6] (
+      in T <- T[i] float32(1:1)
+      out Y <- Y[i] float32(1:1)
+    ) {
+      $t = load(T)
+      Y = store($t)
+    }
+  }
+}
+"""
+
+
+def test_a_local_whose_tail_nothing_touches_needs_no_fill() -> None:
+    fn = parse_function(PANEL)
+    verify(fn)
+    assert overwritten_first(fn.body) == {"T"}
+
+
+def test_a_local_read_beyond_what_was_written_needs_the_fill() -> None:
+    fn = parse_function(PANEL.replace("in T <- T[i]", "in T <- T[i + 2]"))
+    verify(fn)
+    assert overwritten_first(fn.body) == frozenset()
