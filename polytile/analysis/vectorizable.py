@@ -67,7 +67,8 @@ def why_not_vector(blk: Block, vector: str) -> str | None:
 def boundary_versions(blk: Block) -> str | None:
     """How the vector leaf `blk` runs when its constraints cut a tile short: None when it
     has none; "remainders" when each constraint bounds one loop other than the vector
-    index from above, or is a lane bound (`lane_bound`): one version of the code per
+    index from above, is a lane bound (`lane_bound`), or names no loop of the leaf (it
+    then holds for the whole tile or for none of it): one version of the code per
     remainder; else "guarded": the vector code only for full tiles."""
     if not blk.constraints or blk.schedule.vector is None:
         return None
@@ -77,9 +78,15 @@ def boundary_versions(blk: Block) -> str | None:
         if lane_bound(blk, c):
             continue
         own = [n for n in c.names if n in loops]
-        if len(own) != 1 or own[0] == vector or c.coeff(own[0]) >= 0:
+        if own and (len(own) != 1 or own[0] == vector or c.coeff(own[0]) >= 0):
             return "guarded"
     return "remainders"
+
+
+def tile_condition(blk: Block, c: Affine) -> bool:
+    """Whether constraint `c` of a vector leaf names none of its loops: it holds for the
+    whole tile or for none of it."""
+    return not any(i.name in c.names for i in blk.idxs if i.affine is None and i.range > 1)
 
 
 def lane_bound(blk: Block, c: Affine) -> bool:

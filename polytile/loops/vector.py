@@ -30,7 +30,8 @@ from typing import TYPE_CHECKING
 
 from polytile import dtypes
 from polytile.analysis.deps import scalar_indices
-from polytile.analysis.vectorizable import boundary_versions, lane_bound, why_not_vector
+from polytile.analysis.vectorizable import (boundary_versions, lane_bound, tile_condition,
+                                           why_not_vector)
 from polytile.codegen.cops import VECTOR_IDENTITIES
 from polytile.errors import IRError
 from polytile.ir.nodes import Affine, Block, Constant, Intrinsic, Load, LoadIndex, Store
@@ -120,19 +121,24 @@ def lower_block(low: "Lowering", blk: Block, outer: Scope) -> list[L.Stmt] | Non
         raise IRError(f"vector block {blk.name} has constraints, so its schedule must say how "
                       f"boundary tiles run: boundary({needed}), not {given}")
     if boundary == "remainders":
+        whole = tuple(c for c in blk.constraints if tile_condition(blk, c))
         counts = _unroll_counts(blk, p, idx)
         comment = L.Comment(f"block {safe(blk.name)}: vector code, one version per tile "
                             "remainder")
-        if not p.vec_bounds:
-            return [comment, *_versions(low, blk, outer, p, idx, counts, {})]
-        # Lanes are a remainder too: a tile whose lanes are all in bounds (every tile but
-        # the last along the vector index) runs plain loads and stores; masked moves in
-        # the reduction loop cost a GEMM micro-kernel a fifth of its time on AVX2.
-        lanes = replace(blk, constraints=tuple(c for c in blk.constraints
-                                               if lane_bound(blk, c)))
-        full = _versions(low, blk, outer, replace(p, vec_bounds=[]), idx, counts, {})
-        return [comment, L.If(_full_tile(lanes, idx), tuple(full),
-                              tuple(_versions(low, blk, outer, p, idx, counts, {})))]
+        versions = _versions(low, blk, outer, p, idx, counts, {})
+        if p.vec_bounds:
+            # Lanes are a remainder too: a tile whose lanes are all in bounds (every tile
+            # but the last along the vector index) runs plain loads and stores; masked
+            # moves in the reduction loop cost a GEMM micro-kernel a fifth of its time on
+            # AVX2.
+            lanes = replace(blk, constraints=tuple(c for c in blk.constraints
+                                                   if lane_bound(blk, c)))
+            full = _versions(low, blk, outer, replace(p, vec_bounds=[]), idx, counts, {})
+            versions = [L.If(_full_tile(lanes, idx), tuple(full), tuple(versions))]
+        if whole:       # the tile runs whole or not at all
+            versions = [L.If(_full_tile(replace(blk, constraints=whole), idx),
+                             tuple(versions), ())]
+        return [comment, *versions]
     body = _Emitter(low, blk, outer, p, idx).lines()
     scalar = low.block(replace(blk, schedule=replace(blk.schedule, micro=False)), outer)
     return [L.Comment(f"block {safe(blk.name)}: vector code for full tiles"),
@@ -148,6 +154,8 @@ def _unroll_counts(blk: Block, p: _Plan, idx: dict[str, Affine]) -> dict[str, L.
     loops = {i.name for i in blk.idxs if i.affine is None and i.range > 1}
     looped = {n for n, _ in p.par_loops + p.red_loops}
     for c in blk.constraints:
+        if tile_condition(blk, c):
+            continue
         if lane_bound(blk, c):
             unrolled = Affine.of({n: k for n, k in c.terms if n in loops and n != p.vector},
                                  c.const)

@@ -203,3 +203,43 @@ def test_golden_loop_ir(name: str) -> None:
         path.parent.mkdir(exist_ok=True)
         path.write_text(text)
     assert text == path.read_text(), "the loop IR changed; see the docstring"
+
+
+# Rows in tiles of 2 x 1: the unrolled `o` has range 1, so the constraint on the last
+# (partial) tile of tiles names no loop of the leaf: it holds for the whole tile or for
+# none (here the last tile of rows 6..7 is skipped). Such a tile runs as vector code or
+# not at all, not as scalar code.
+WHOLE_TILES = """function f(X, Y) {
+  block main (
+    in X[0, 0] float32(7:20, 20:1)
+    out Y[0, 0] float32(7:20, 20:1)
+  ) {
+    block s0 [t:4] #kernel (
+      out Y <- Y[0, 0] float32(7:20, 20:1)
+      in X <- X[0, 0] float32(7:20, 20:1)
+    ) {
+      block s0_tile [o:1, i:2, j:20, t = t] #kernel schedule(micro, vector(j, float32, 8), boundary(remainders), unroll(i, o)) (
+        -o - t + 2 >= 0
+        -i - 2*o - 2*t + 6 >= 0
+        out Y <- Y[i + 2*o + 2*t, j] float32(1:20, 1:1)
+        in X <- X[i + 2*o + 2*t, j] float32(1:20, 1:1)
+      ) {
+        $x = load(X)
+        $y = mul($x, $x) : float32
+        Y = store($y)
+      }
+    }
+  }
+}
+"""
+
+
+def test_a_constraint_that_names_no_loop_of_the_leaf_guards_the_whole_tile() -> None:
+    from polytile.analysis.vectorizable import boundary_versions
+    fn = parse_function(WHOLE_TILES)
+    leaf = fn.body.stmts[0].stmts[0]
+    assert boundary_versions(leaf) == "remainders"
+    kernel = lower(fn)
+    counts = nodes(kernel)
+    assert counts["If"] == 1 and counts["Switch"] > 0
+    agree(fn, np.random.default_rng(3), kernel)
