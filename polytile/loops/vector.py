@@ -125,7 +125,6 @@ def lower_block(low: "Lowering", blk: Block, outer: Scope) -> list[L.Stmt] | Non
         counts = _unroll_counts(blk, p, idx)
         comment = L.Comment(f"block {safe(blk.name)}: vector code, one version per tile "
                             "remainder")
-        versions = _versions(low, blk, outer, p, idx, counts, {})
         if p.vec_bounds:
             # Lanes are a remainder too: a tile whose lanes are all in bounds (every tile
             # but the last along the vector index) runs plain loads and stores; masked
@@ -134,7 +133,10 @@ def lower_block(low: "Lowering", blk: Block, outer: Scope) -> list[L.Stmt] | Non
             lanes = replace(blk, constraints=tuple(c for c in blk.constraints
                                                    if lane_bound(blk, c)))
             full = _versions(low, blk, outer, replace(p, vec_bounds=[]), idx, counts, {})
-            versions = [L.If(_full_tile(lanes, idx), tuple(full), tuple(versions))]
+            versions = [L.If(_full_tile(lanes, idx), tuple(full),
+                             tuple(_versions(low, blk, outer, p, idx, counts, {})))]
+        else:
+            versions = _versions(low, blk, outer, p, idx, counts, {})
         if whole:       # the tile runs whole or not at all
             versions = [L.If(_full_tile(replace(blk, constraints=whole), idx),
                              tuple(versions), ())]
