@@ -31,6 +31,7 @@ from polytile.analysis.deps import scalar_indices
 from polytile.analysis.vectorizable import MASKED_LANES
 from polytile.ir import nodes as N
 from polytile.ir.phases import stitch_schedule
+from polytile.passes.pack import PAGE_BYTES
 from polytile.passes.pipeline import register
 from polytile.errors import ArgumentError
 from polytile.passes.schedule import (Schedule, _is_parallel, apply_schedule, check_schedule,
@@ -163,13 +164,15 @@ def choose_schedule(block: N.Block, target: Target) -> Schedule:
     # Two vectors along the vector index: always with AVX-512's 32 registers (12x32
     # tiles); with AVX2's 16 for register tiles (BLIS's 6x16), which then read one packed
     # panel (pack's width) as whole cache lines, where 4 rows x 3 panels of 8 lanes read
-    # three streams 64 KB apart (tmm 960^3, one thread, Zen 3 EPYC: 28.4 -> 22.7 ms) --
-    # unless the pairs would leave more lanes idle than single vectors (a 56-wide
-    # convolution row: 7 full vectors, or 3 pairs and a half-empty one: 4.1 -> 26 ms).
+    # three streams 64 KB apart (one thread, Zen 3 EPYC: tmm 960^3 31.4 -> 27.4 ms, tbmm
+    # 5.7 -> 5.2 ms) -- unless the pairs would leave more lanes idle than single vectors
+    # (a 56-wide convolution row: 7 full vectors, or 3 pairs and a half-empty one: 4.1 ->
+    # 26 ms), or the output's rows lie a multiple of a page apart: six of them then share
+    # one set of L1 (tmm 128x1024x1024 5.5 -> 5.9 ms, MLP3 1024^4 17.5 -> 18.2 ms).
     if vector in parallel and loops[vector] >= 2 * lanes and (
             target.vector_registers >= 24
             or (reductions and -(-loops[vector] // (2 * lanes)) * 2
-                <= -(-loops[vector] // lanes))):
+                <= -(-loops[vector] // lanes) and not _page_rows(out, vector, loops))):
         vectors = 2
     if vector in parallel and gathered:
         vectors = max(1, min(GATHER_VECTORS, -(-loops[vector] // lanes)))
@@ -236,6 +239,16 @@ def choose_schedule(block: N.Block, target: Target) -> Schedule:
                                      and tables > target.cache_size("L2")) else 0
     return Schedule(vector, lanes if vector else 1, tuple(unroll), vectors if vector else 1,
                     tuple(sorted(tiles.items())), parallel=threaded, prefetch=prefetch)
+
+
+def _page_rows(out: N.Refinement, vector: str, loops: dict[str, int]) -> bool:
+    """Whether the output's rows (a dimension a loop other than the vector index runs
+    along) lie a multiple of a page apart, so that an L1 indexed within the page puts
+    them in one set."""
+    elem = max(1, out.shape.dtype.bits // 8)
+    return any(not a.coeff(vector) and any(loops.get(n, 1) > 1 for n in a.names)
+               and (d.stride * elem) % PAGE_BYTES == 0
+               for a, d in zip(out.access, out.shape.dims))
 
 
 def _register_tile(picks: list[str], loops: dict[str, int], vectors: int,
