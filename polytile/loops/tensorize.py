@@ -5,8 +5,10 @@ whose accumulator has L lanes and whose two operands hold G values per lane.
     block s0 [m:M, n:N, k:K] schedule(tensorize(vpdpbusd_512, n, k, 4, 4)) (
       out C[m, n]:add   in A[m, k] uint8 (broadcast)   in B[k, n] int8 (packed) )
 
-->  Bp = the packed operand in groups: Bp[(g * N16 + n) * G + t] = B[G*g + t, n], zeros past
-         K and N (allocated and filled once per call);
+->  Bp = the packed operand in strips of W = chains x L lanes, each strip's groups one
+         after another: Bp[((s * K/G + g) * W + l) * G + t] = B[G*g + t, W*s + l], zeros
+         past K and N (allocated and filled once per call), so that a tile streams
+         through one contiguous strip;
     for panels of 32 rows of m (threads, if the schedule says so; else one panel):
      for blocks of 256 lanes of n (a block of Bp stays in L2 while the panel's rows pass):
       for 4 rows of the panel at a time (the schedule's rows; the rows left over after
@@ -14,7 +16,7 @@ whose accumulator has L lanes and whose two operands hold G values per lane.
         for 4 chunks of 16 lanes at a time (the schedule's chains; then single chunks,
                                             then a masked tail):
           acc[i][j] = C[m_i, n0_j : n0_j + 16]
-          for g < K / G:  b_j = Bp[g, n0_j : n0_j + 16, :] (one load for the 4 rows);
+          for g < K / G:  b_j = Bp[s, g, 16 j : 16 j + 16, :] (one load for the 4 rows);
                           a_i = the G bytes A[m_i, G*g : G*g + G] in every lane (one
                           word broadcast for the 4 chunks); acc[i][j] = I(acc[i][j], a_i, b_j)
           a last, partial group reads only the bytes of A that exist (the rest are 0,
@@ -76,7 +78,13 @@ def lower_block(low: Lowering, blk: Block, outer: Scope) -> list[L.Stmt]:
     par = [n for n in loops if n in written and n != t.lane]
     red = [n for n in loops if n not in written and n != t.reduction]
     idx = fixed_indices(blk, outer.idx)
-    groups, padded = -(-n_red // group), -(-n_lane // lanes) * lanes
+    groups = -(-n_red // group)
+    # The packed operand in strips of a register tile's lanes, each strip's groups one
+    # after the other: a tile streams through its strip contiguously. (With the groups of
+    # all lanes in one row, a 1024-lane row is 4 KiB: every step of the reduction fell
+    # into the same sets of L1 and L2, and a strip reused by the next rows came from L3.)
+    strip = t.chains * lanes
+    strips = -(-n_lane // strip)
 
     def view(ref, at):  # type: ignore[no-untyped-def]
         return child_view(ref, outer.views[ref.from_], {**idx, **at})
@@ -97,18 +105,27 @@ def lower_block(low: Lowering, blk: Block, outer: Scope) -> list[L.Stmt]:
         return L.IMin((Affine.constant(group), Affine.constant(n_red)
                        - Affine.index(g).scale(group)))
 
-    # The packed operand: groups of G values of each lane, zero past the extents.
+    # The packed operand: groups of G values of each lane, zero past the extents;
+    # Bp[((s * groups + g) * W + l) * G + t] = B[G*g + t, W*s + l] for strips s of W lanes.
     packed = low.fresh("l")
-    g, p, e = low.fresh("i"), low.fresh("i"), low.fresh("i")
-    put, value = element(y_ref, {t.lane: Affine.index(p), t.reduction:
-                                 Affine.index(g).scale(group) + Affine.index(e)}, b_t.dtype)
-    pack: list[L.Stmt] = [L.Loop(g, Affine.constant(0), Affine.constant(groups), (
-        L.Loop(p, Affine.constant(0), Affine.constant(n_lane), (
-            L.Loop(e, Affine.constant(0), in_group(g), (
-                *put, L.Store(packed, (Affine.index(g).scale(padded) + Affine.index(p))
-                              .scale(group) + Affine.index(e), value))),)),))]
-    buffers = [L.Buffer(packed, b_t.dtype, groups * padded * group, "heap", "global", "zero",
-                        label=f"{safe(y_ref.into)} packed for {t.instruction}")]
+    g, ps, pl, e = low.fresh("i"), low.fresh("i"), low.fresh("i"), low.fresh("i")
+    put, value = element(y_ref, {t.lane: Affine.index(ps).scale(strip) + Affine.index(pl),
+                                 t.reduction: Affine.index(g).scale(group) + Affine.index(e)},
+                         b_t.dtype)
+    pack: list[L.Stmt] = [L.Loop(ps, Affine.constant(0), Affine.constant(strips), (
+        L.Loop(g, Affine.constant(0), Affine.constant(groups), (
+            L.Loop(pl, Affine.constant(0), L.IMin((Affine.constant(strip), Affine.constant(
+                    n_lane) - Affine.index(ps).scale(strip))), (
+                L.Loop(e, Affine.constant(0), in_group(g), (
+                    *put, L.Store(packed, ((Affine.index(ps).scale(groups) + Affine.index(g))
+                                           .scale(strip) + Affine.index(pl)).scale(group)
+                                  + Affine.index(e), value))),)),)),))]
+    buffers = [L.Buffer(packed, b_t.dtype, strips * groups * strip * group, "heap", "global",
+                        "zero", label=f"{safe(y_ref.into)} packed for {t.instruction}")]
+
+    def packed_at(gv: Affine, base: Affine, start: Affine) -> Affine:
+        """Where lane `start` of group `gv` lies, in the strip that begins at lane `base`."""
+        return (base.scale(groups - 1) + gv.scale(strip) + start).scale(group)
 
     # A widened broadcast operand: converted once, its rows (the output loops it reads,
     # row-major) in groups of G, so that a row's group is one word again:
@@ -141,12 +158,13 @@ def lower_block(low: Lowering, blk: Block, outer: Scope) -> list[L.Stmt]:
                                 "global", "zero",
                                 label=f"{safe(x_ref.into)} widened for {t.instruction}"))
 
-    def tile(rows: list[dict[str, Affine]], starts: list[tuple[Affine, int | None]]
-             ) -> list[L.Stmt]:
+    def tile(rows: list[dict[str, Affine]], starts: list[tuple[Affine, int | None]],
+             base: Affine) -> list[L.Stmt]:
         """Accumulate a tile: `rows` (indices of the output loops) by chunks of lanes
-        starting at `starts` (each with its lane count, None for all), over every group;
-        a chunk's packed operand is loaded once for all rows, a row's broadcast once for
-        all chunks."""
+        starting at `starts` (each with its lane count, None for all), all in the strip
+        of the packed operand that begins at lane `base`, over every group; a chunk's
+        packed operand is loaded once for all rows, a row's broadcast once for all
+        chunks."""
         outs = [[view(out_ref, {**row, t.lane: s}) for s, _ in starts] for row in rows]
         accs = [[low.fresh("acc") for _ in starts] for _ in rows]
         pre = [L.Var(a, acc_t, L.Read(o.ptr, o.offset, lanes, _count(n)))
@@ -158,8 +176,8 @@ def lower_block(low: Lowering, blk: Block, outer: Scope) -> list[L.Stmt]:
             chunk = []
             for start, _ in starts:
                 b = low.fresh("v")
-                body.append(L.Let(b, b_t, L.Read(packed, (gv.scale(padded) + start)
-                                                 .scale(group), b_t.lanes)))
+                body.append(L.Let(b, b_t, L.Read(packed, packed_at(gv, base, start),
+                                                 b_t.lanes)))
                 chunk.append(b)
             for row, row_accs in zip(rows, accs):
                 few, a = low.fresh("v"), low.fresh("v")
@@ -196,24 +214,27 @@ def lower_block(low: Lowering, blk: Block, outer: Scope) -> list[L.Stmt]:
         return pre + inner + post
 
     def lanes_of(rows: list[dict[str, Affine]], start: Affine, count: int) -> list[L.Stmt]:
-        """The tiles of lanes [start, start + count): t.chains chunks at a time, then
-        single chunks, then a masked tail."""
+        """The tiles of lanes [start, start + count): t.chains chunks at a time (one
+        strip each), then single chunks, then a masked tail (in the last strip; `start`
+        begins a strip)."""
         full, tail = count // lanes, count % lanes
         quads = full - full % t.chains
         body: list[L.Stmt] = []
         c = low.fresh("i")
         if quads:
+            base = start + Affine.index(c)
             body.append(L.Loop(c, Affine.constant(0), Affine.constant(quads * lanes), tuple(
-                tile(rows, [(start + Affine.index(c) + j * lanes, None)
-                            for j in range(t.chains)])), step=t.chains * lanes))
+                tile(rows, [(base + j * lanes, None) for j in range(t.chains)], base)),
+                step=strip))
         c = low.fresh("i")
+        last = start + quads * lanes
         if full % t.chains:
             body.append(L.Loop(c, Affine.constant(quads * lanes),
                                Affine.constant(full * lanes),
-                               tuple(tile(rows, [(start + Affine.index(c), None)])),
+                               tuple(tile(rows, [(start + Affine.index(c), None)], last)),
                                step=lanes))
         if tail:
-            body += tile(rows, [(start + full * lanes, tail)])
+            body += tile(rows, [(start + full * lanes, tail)], last)
         return body
 
     if red:
