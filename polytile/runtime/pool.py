@@ -21,6 +21,7 @@ process had already used for outputs of these sizes.
 from __future__ import annotations
 
 import math
+import os
 import sys
 import threading
 from typing import Any
@@ -63,6 +64,16 @@ class OutputPool:
 
 
 _POOLS: dict[int, OutputPool] = {}
+
+
+def _after_fork_in_child() -> None:
+    # A lock another thread held at the fork stays held in the child: give the child
+    # fresh ones (the tuner profiles candidates in forked processes).
+    for pool in _POOLS.values():
+        pool._lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def output_pool(capacity: int) -> OutputPool | None:

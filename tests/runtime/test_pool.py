@@ -115,3 +115,26 @@ def test_the_environment_sets_the_capacity() -> None:
     assert load_config({}).output_pool_bytes == 256 * MB
     with pytest.raises(PolytileError, match="POLYTILE_OUTPUT_POOL_MB"):
         load_config({"POLYTILE_OUTPUT_POOL_MB": "lots"})
+
+
+def test_a_forked_child_gets_a_fresh_lock() -> None:
+    import os
+    pool = output_pool(32 * MB)
+    assert pool is not None
+    pool._lock.acquire()          # held by this process at the fork, as another thread might
+    try:
+        pid = os.fork()
+        if pid == 0:              # the child: would block forever on the inherited lock
+            pool.empty(SHAPE, np.float32)
+            os._exit(0)
+        deadline = time.monotonic() + 20
+        done, status = 0, 0
+        while not done and time.monotonic() < deadline:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            time.sleep(0.01)
+        if not done:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+        assert done and os.waitstatus_to_exitcode(status) == 0, "the child hung on the lock"
+    finally:
+        pool._lock.release()
