@@ -514,7 +514,7 @@ class _Printer:
         if inner_fail is not fail and inner_fail.used:
             body.append(f"{inner_fail.label}: ;")
             post = ["if (pt_status != 0) {", *_indent(fail.jump()), "}"]
-        pre = ["#ifdef _OPENMP", f"#pragma {pragma}", "#endif"] if pragma else []
+        pre = _omp(pragma) if pragma else []
         step = f"{st.var}++" if st.step == 1 else f"{st.var} += {st.step}"
         head = (f"for (int64_t {st.var} = {self.iexpr(st.lo)}; {st.var} < {self.iexpr(st.hi)}; "
                 f"{step}) {{")

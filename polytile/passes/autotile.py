@@ -176,12 +176,7 @@ def choose_schedule(block: N.Block, target: Target) -> Schedule:
         vectors = 2
     if vector in parallel and gathered:
         vectors = max(1, min(GATHER_VECTORS, -(-loops[vector] // lanes)))
-    # Accumulators: all registers but a quarter of the file (at least one step's loaded
-    # vectors and two) for operands, broadcasts and the compiler's temporaries: 12 of
-    # AVX2's 16, as BLIS's 6x16 kernel keeps (4x3 runs tmm 1024^3 7% faster than the 4x2
-    # of a reserve of 8, on a Zen 3 EPYC), 24 of AVX-512's 32.
-    reserve = max(vectors + 2, target.vector_registers // 4)
-    registers = max(8, target.vector_registers - reserve)
+    registers = _accumulators(target, vectors)
     unroll: list[tuple[str, int]] = []
     # Register tiles pay by reusing loaded operands across multiply-adds; without a
     # reduction there is nothing to accumulate, and unrolling a streaming elementwise
@@ -223,8 +218,7 @@ def choose_schedule(block: N.Block, target: Target) -> Schedule:
                 # FMA latency: dW and dX of MLP1 (128x2000x128, one thread, Zen 3) ran
                 # ~20% slower in 8x8 tiles than in 6x16.
                 vectors = 2
-                registers = max(8, target.vector_registers
-                                - max(vectors + 2, target.vector_registers // 4))
+                registers = _accumulators(target, vectors)
                 budget = registers // vectors
             unroll = [(picks[0], min(loops[picks[0]], budget, 12 if vectors == 2 else 8))]
     # An OpenMP region costs microseconds: not worth it for tiny kernels.
@@ -239,6 +233,16 @@ def choose_schedule(block: N.Block, target: Target) -> Schedule:
                                      and tables > target.cache_size("L2")) else 0
     return Schedule(vector, lanes if vector else 1, tuple(unroll), vectors if vector else 1,
                     tuple(sorted(tiles.items())), parallel=threaded, prefetch=prefetch)
+
+
+def _accumulators(target: Target, vectors: int) -> int:
+    """Vector registers a register tile may hold as accumulators: all but a quarter of the
+    file (at least one step's loaded vectors and two) for operands, broadcasts and the
+    compiler's temporaries: 12 of AVX2's 16, as BLIS's 6x16 kernel keeps (4x3 runs tmm
+    1024^3 7% faster than the 4x2 of a reserve of 8, on a Zen 3 EPYC), 24 of AVX-512's
+    32."""
+    reserve = max(vectors + 2, target.vector_registers // 4)
+    return max(8, target.vector_registers - reserve)
 
 
 def _page_rows(out: N.Refinement, vector: str, loops: dict[str, int]) -> bool:

@@ -76,8 +76,7 @@ def scattered_rows(block: N.Block, ref: N.Refinement, d: int, target: Target) ->
     ways = max(1, target.cache_size("L1") // PAGE_BYTES)
     elem = max(1, ref.shape.dtype.bits // 8)
     ranges = {i.name: i.range for i in block.idxs if i.affine is None}
-    used = {n for a in ref.access for n in a.names}
-    reuse = math.prod(r for n, r in ranges.items() if n not in used)
+    reuse = _reuse(ref, ranges)
     for j, a in enumerate(ref.access):
         name = a.names[0] if j != d and len(a.names) == 1 else None
         if name not in ranges or _is_parallel(block, name):
@@ -90,25 +89,48 @@ def scattered_rows(block: N.Block, ref: N.Refinement, d: int, target: Target) ->
     return False
 
 
-def _plan(block: N.Block, top: dict[str, N.Refinement], lanes: int, min_reuse: int,
-          max_reduction: int, target: Target
-          ) -> tuple[str, list[tuple[N.Refinement, int]]] | None:
-    """(vector index, [(input ref, dimension to make innermost)]) or None."""
+def _reuse(ref: N.Refinement, ranges: dict[str, int]) -> int:
+    """How many times the kernel reads each element of `ref` (the loops it does not use)."""
+    used = {n for a in ref.access for n in a.names}
+    return math.prod(r for n, r in ranges.items() if n not in used)
+
+
+def _plain(ref: N.Refinement, ranges: dict[str, int]) -> bool:
+    """Whether `ref` reads loop indices only as plain subscripts (what a copy repacks)."""
+    return not any(set(a.names) & set(ranges) and (len(a.terms) > 1 or a.const)
+                   for a in ref.access)
+
+
+def _outer_product_index(block: N.Block, lanes: int) -> str | None:
+    """The vector index of an outer-product kernel: the parallel index that is its one
+    output's unit-stride innermost subscript, at least a vector long; None where the
+    block is not such a kernel (nested blocks, gathers, no such index)."""
     outs = [r for r in block.refs if r.dir in ("out", "inout")]
     if len(outs) != 1 or any(isinstance(s, N.Block) for s in block.stmts):
         return None
     if any(isinstance(s, N.Load) and (s.dynamic or s.offset) for s in block.stmts):
         return None
-    ranges = {i.name: i.range for i in block.idxs if i.affine is None}
     out = outs[0]
     if not out.shape.dims or out.shape.dims[-1].stride != 1:
         return None
-    reduction = math.prod(r for n, r in ranges.items() if not _is_parallel(block, n))
-    if reduction > max_reduction:
-        return None     # long reductions amortize a dot-product kernel's horizontal sums
+    ranges = {i.name: i.range for i in block.idxs if i.affine is None}
     v = next((n for n in ranges if unit_dim(out, n) == len(out.access) - 1), None)
     if v is None or ranges[v] < lanes or not _is_parallel(block, v):
         return None
+    return v
+
+
+def _plan(block: N.Block, top: dict[str, N.Refinement], lanes: int, min_reuse: int,
+          max_reduction: int, target: Target
+          ) -> tuple[str, list[tuple[N.Refinement, int]]] | None:
+    """(vector index, [(input ref, dimension to make innermost)]) or None."""
+    v = _outer_product_index(block, lanes)
+    if v is None:
+        return None
+    ranges = {i.name: i.range for i in block.idxs if i.affine is None}
+    reduction = math.prod(r for n, r in ranges.items() if not _is_parallel(block, n))
+    if reduction > max_reduction:
+        return None     # long reductions amortize a dot-product kernel's horizontal sums
     packs = []
     for ref in block.refs:
         if ref.dir != "in" or not any(a.coeff(v) for a in ref.access):
@@ -118,12 +140,7 @@ def _plan(block: N.Block, top: dict[str, N.Refinement], lanes: int, min_reuse: i
             return None
         if ref.shape.dims[d].stride == 1 and not scattered_rows(block, ref, d, target):
             continue
-        if any(set(a.names) & set(ranges) and (len(a.terms) > 1 or a.const)
-               for a in ref.access):
-            return None          # loop indices only as plain subscripts are repacked
-        used = {n for a in ref.access for n in a.names}
-        reuse = math.prod(r for n, r in ranges.items() if n not in used)
-        if reuse < min_reuse:
+        if not _plain(ref, ranges) or _reuse(ref, ranges) < min_reuse:
             return None
         packs.append((ref, d))
     return (v, packs) if packs else None
@@ -137,25 +154,15 @@ def _transposes(block: N.Block, top: dict[str, N.Refinement], lanes: int, min_re
     neighbours of the register tile's index from each row, a new cache line each time,
     and rows a power of two apart share a few sets of L1. Transposed (the reduction
     innermost), each unrolled value streams along one row, as A(m, k) does in A B."""
-    outs = [r for r in block.refs if r.dir in ("out", "inout")]
-    if len(outs) != 1 or any(isinstance(s, N.Block) for s in block.stmts):
-        return []
-    if any(isinstance(s, N.Load) and (s.dynamic or s.offset) for s in block.stmts):
-        return []
-    out = outs[0]
-    if not out.shape.dims or out.shape.dims[-1].stride != 1:
+    v = _outer_product_index(block, lanes)
+    if v is None:
         return []
     ranges = {i.name: i.range for i in block.idxs if i.affine is None}
-    v = next((n for n in ranges if unit_dim(out, n) == len(out.access) - 1), None)
-    if v is None or ranges[v] < lanes or not _is_parallel(block, v):
-        return []
     found = []
     for ref in block.refs:
         if ref.dir != "in" or ref.from_ not in top or not ref.shape.dims:
             continue
-        used = [n for a in ref.access for n in a.names if n in ranges]
-        if v in used or any(set(a.names) & set(ranges) and (len(a.terms) > 1 or a.const)
-                            for a in ref.access):
+        if any(a.coeff(v) for a in ref.access) or not _plain(ref, ranges):
             continue
         inner = min(range(len(ref.access)), key=lambda d: ref.shape.dims[d].stride)
         u = ref.access[inner].names[0] if ref.access[inner].names else None
@@ -166,8 +173,7 @@ def _transposes(block: N.Block, top: dict[str, N.Refinement], lanes: int, min_re
             continue
         d = reduced[0]
         elem = max(1, ref.shape.dtype.bits // 8)
-        reuse = math.prod(r for n, r in ranges.items() if n not in used)
-        if ref.shape.dims[d].stride * elem > line and reuse >= min_reuse:
+        if ref.shape.dims[d].stride * elem > line and _reuse(ref, ranges) >= min_reuse:
             found.append((ref, d))
     return found
 
