@@ -14,7 +14,8 @@ index is innermost, and the kernel reads the copy:
       in p1[n, k] )                                  block s0 [m:M, n:N, k:K] (
                                                        ... in p1 <- p1_packed[k, n] (stride 1 in n) )
 
-Reuse pays when the operand is read at least `min_reuse` times per element; the
+Reuse pays when the operand is read at least `min_reuse` times per element (a fused
+row's copy of its slice, made again in every row, at least `row_min_reuse` times); the
 copy pays when the reduction is short (at most `max_reduction` steps), where a
 dot-product kernel would spend much of its time in horizontal sums.
 
@@ -61,6 +62,11 @@ PAGE_BYTES = 4096
 # (rows 8000 bytes apart, used 128 times; one thread, Zen 3, load ~5.6): 1.50 -> 1.17
 # and 1.44 -> 1.24 ms median with the copy.
 PAGE_ROWS_MIN_REUSE = 64
+# Reuse below which a fused row's copy of its slice (made again in every row) costs more
+# than the product it feeds gains: the multi-interests scores, 4 x 50 x 64 per row over
+# 256 rows (one thread, Zen 3, CPU time, 300 calls): 559 us median with the per-row
+# panels at reuse 4, 435 us without.
+ROW_MIN_REUSE = 8
 
 
 def scattered_rows(block: N.Block, ref: N.Refinement, d: int, target: Target) -> bool:
@@ -182,13 +188,16 @@ def pack(fn: N.Function, target: Target, params: dict[str, Any]) -> N.Function:
     if not params.get("enabled", True):
         return fn
     settings = (int(params.get("min_reuse", 4)), int(params.get("max_reduction", 1 << 30)))
-    return replace(fn, body=_pack_members(fn.body, target, settings))
+    row_settings = (int(params.get("row_min_reuse", ROW_MIN_REUSE)), settings[1])
+    return replace(fn, body=_pack_members(fn.body, target, settings, row_settings))
 
 
-def _pack_members(container: N.Block, target: Target, settings: tuple[int, int]) -> N.Block:
+def _pack_members(container: N.Block, target: Target, settings: tuple[int, int],
+                  row_settings: tuple[int, int]) -> N.Block:
     """Pack the operands of the contractions among `container`'s statements into local
     buffers of `container`: the function's body (copied once per call) or a fused row
-    block (copied once per row, where only that row's slice of the operand is read)."""
+    block (copied once per row, where only that row's slice of the operand is read;
+    `row_settings`)."""
     min_reuse, max_reduction = settings
     top = {r.into: r for r in container.refs}
     new_refs = list(container.refs)
@@ -196,7 +205,7 @@ def _pack_members(container: N.Block, target: Target, settings: tuple[int, int])
     packed: dict[tuple[Any, ...], str] = {}
     for s in container.stmts:
         if isinstance(s, N.Block) and "fused" in s.tags:
-            stmts.append(_pack_members(s, target, settings))
+            stmts.append(_pack_members(s, target, row_settings, row_settings))
             continue
         if not (isinstance(s, N.Block) and "contraction" in s.tags):
             stmts.append(s)
@@ -323,4 +332,5 @@ def split_index(block: N.Block, name: str, width: int) -> N.Block:
                    stmts=substitute_local(block.stmts, {name: value}))
 
 
-register("pack", pack, enabled=flag, min_reuse=count, max_reduction=count)
+register("pack", pack, enabled=flag, min_reuse=count, row_min_reuse=count,
+         max_reduction=count)
