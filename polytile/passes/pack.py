@@ -37,8 +37,11 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any
 
+from polytile import dtypes
+from polytile.dtypes import DType
 from polytile.ir import nodes as N
 from polytile.ir.lower import contiguous
+from polytile.isa.inspect import widens
 from polytile.passes.pipeline import count, flag, register
 from polytile.passes.schedule import _is_parallel, panel_index
 from polytile.passes.tile import substitute_local
@@ -101,6 +104,33 @@ def _plain(ref: N.Refinement, ranges: dict[str, int]) -> bool:
                    for a in ref.access)
 
 
+def widened(block: N.Block, ref: N.Refinement) -> DType:
+    """The dtype a copy of `ref` holds: float32 where `ref` holds a narrower float whose
+    every value is a float32 value (bfloat16, float16: `isa.inspect.widens`) and the block
+    reads it only through casts to float32, so the copy changes no value any op sees;
+    else `ref`'s own dtype."""
+    dtype = ref.shape.dtype
+    if dtype == dtypes.FLOAT32 or not widens(dtype, dtypes.FLOAT32):
+        return dtype
+    loads = {s.into for s in block.stmts if isinstance(s, N.Load) and s.ref == ref.into}
+    readers = [s for s in block.stmts if loads & set(_reads(s))]
+    if loads and readers and all(isinstance(s, N.Intrinsic) and s.op == "cast"
+                                 and s.dtype == dtypes.FLOAT32 for s in readers):
+        return dtypes.FLOAT32
+    return dtype
+
+
+def _reads(st: N.Statement) -> tuple[str | None, ...]:
+    """The scalars a statement of a leaf block reads."""
+    if isinstance(st, (N.Intrinsic, N.Special)):
+        return st.inputs
+    if isinstance(st, N.Store):
+        return (st.value, *st.dynamic)
+    if isinstance(st, N.Load):
+        return (*st.dynamic, st.offset)
+    return ()
+
+
 def _outer_product_index(block: N.Block, lanes: int) -> str | None:
     """The vector index of an outer-product kernel: the parallel index that is its one
     output's unit-stride innermost subscript, at least a vector long; None where the
@@ -138,9 +168,12 @@ def _plan(block: N.Block, top: dict[str, N.Refinement], lanes: int, min_reuse: i
         d = unit_dim(ref, v)
         if d is None or ref.from_ not in top:
             return None
-        if ref.shape.dims[d].stride == 1 and not scattered_rows(block, ref, d, target):
+        # A narrow float is vector-loaded only once widened: copied whatever its reuse.
+        widen = widened(block, ref) != ref.shape.dtype
+        if not widen and ref.shape.dims[d].stride == 1 \
+                and not scattered_rows(block, ref, d, target):
             continue
-        if not _plain(ref, ranges) or _reuse(ref, ranges) < min_reuse:
+        if not _plain(ref, ranges) or (not widen and _reuse(ref, ranges) < min_reuse):
             return None
         packs.append((ref, d))
     return (v, packs) if packs else None
@@ -153,7 +186,11 @@ def _transposes(block: N.Block, top: dict[str, N.Refinement], lanes: int, min_re
     the batch of dY(b, n) * X(b, m), any A^T B): one step of the reduction reads a few
     neighbours of the register tile's index from each row, a new cache line each time,
     and rows a power of two apart share a few sets of L1. Transposed (the reduction
-    innermost), each unrolled value streams along one row, as A(m, k) does in A B."""
+    innermost), each unrolled value streams along one row, as A(m, k) does in A B.
+    A broadcast operand that `widened` makes float32 (A of a bfloat16 matmul) is copied
+    so with the reduction innermost too, whichever way it is read: converted once rather
+    than at each use (in place, the conversions cost a bf16 1024^3 matmul a fifth of its
+    time on Zen 3)."""
     v = _outer_product_index(block, lanes)
     if v is None:
         return []
@@ -168,6 +205,10 @@ def _transposes(block: N.Block, top: dict[str, N.Refinement], lanes: int, min_re
         u = ref.access[inner].names[0] if ref.access[inner].names else None
         reduced = [d for d, a in enumerate(ref.access)
                    if a.names and a.names[0] in ranges and not _is_parallel(block, a.names[0])]
+        if widened(block, ref) != ref.shape.dtype:
+            if len(reduced) == 1 and _reuse(ref, ranges) >= min_reuse:
+                found.append((ref, reduced[0]))
+            continue
         if (u is None or u not in ranges or not _is_parallel(block, u)
                 or ref.shape.dims[inner].stride != 1 or len(reduced) != 1):
             continue
@@ -216,7 +257,8 @@ def _pack_members(container: N.Block, target: Target, settings: tuple[int, int])
 
         for ref, d in _transposes(s, top, lanes, min_reuse, target.cache_line_bytes):
             reduction = ref.access[d].names[0]
-            copy = _Copy.of(s, ref, d, next(i.range for i in s.idxs if i.name == reduction))
+            copy = _Copy.of(s, ref, d, next(i.range for i in s.idxs if i.name == reduction),
+                            widened(s, ref))
             # One panel as long as the reduction: the view's rows with `reduction` innermost.
             s = _reading(s, ref.into, place(copy), copy, (N.Affine(),) + tuple(
                 ref.access[j] for j in copy.looped) + (ref.access[d],))
@@ -227,7 +269,7 @@ def _pack_members(container: N.Block, target: Target, settings: tuple[int, int])
         v, packs = plan
         vrange = next(i.range for i in s.idxs if i.name == v)
         width = lanes * (2 if vrange >= 2 * lanes else 1)
-        copies = {ref.into: _Copy.of(s, ref, d, width) for ref, d in packs}
+        copies = {ref.into: _Copy.of(s, ref, d, width, widened(s, ref)) for ref, d in packs}
         s = split_index(s, v, width)
         for into, copy in copies.items():
             looped = tuple(s.ref(into).access[j] for j in copy.looped)
@@ -262,20 +304,20 @@ class _Copy:
     shape: N.TensorShape
 
     @staticmethod
-    def of(block: N.Block, ref: N.Refinement, d: int, width: int) -> _Copy:
+    def of(block: N.Block, ref: N.Refinement, d: int, width: int, dtype: DType) -> _Copy:
         loops = {i.name: i.range for i in block.idxs if i.affine is None}
         looped = tuple(j for j, a in enumerate(ref.access) if j != d and set(a.names) & set(loops))
         ranges = {j: loops[ref.access[j].names[0]] for j in (*looped, d)}
         sizes = (-(-ranges[d] // width),) + tuple(ranges[j] for j in looped) + (width,)
         return _Copy(ref, d, width, tuple(i for i in block.idxs if i.affine is not None),
-                     looped, ranges, contiguous(ref.shape.dtype, sizes))
+                     looped, ranges, contiguous(dtype, sizes))
 
     @property
     def key(self) -> tuple[Any, ...]:
         fixed = tuple((j, a) for j, a in enumerate(self.ref.access)
                       if j != self.d and j not in self.looped)
         return (self.ref.from_, self.d, self.width, fixed, self.passed,
-                tuple(sorted(self.ranges.items())))
+                tuple(sorted(self.ranges.items())), self.shape.dtype)
 
     def block(self, name: str, source: N.Refinement, lanes: int) -> N.Block:
         idxs = (self.passed + (N.Index("o", self.shape.dims[0].size),)
@@ -293,7 +335,10 @@ class _Copy:
                       + (N.Affine.index("i"),))
         dst = N.Refinement("out", name, name, dst_access, N.TensorShape(
             self.shape.dtype, tuple(N.Dim(1, x.stride) for x in self.shape.dims)))
-        stmts = (N.Load("$x", source.into), N.Store(name, "$x"))
+        stmts: tuple[N.Statement, ...] = (N.Load("$x", source.into), N.Store(name, "$x"))
+        if self.shape.dtype != source.shape.dtype:      # widened exactly (`widened`)
+            stmts = (stmts[0], N.Intrinsic("cast", ("$x",), "$w", self.shape.dtype),
+                     N.Store(name, "$w"))
         # Panels of a dimension that is already unit-stride are plain vector copies
         # (autotile schedules them); the others are register transposes.
         unit = self.ref.shape.dims[self.d].stride == 1
