@@ -34,6 +34,7 @@ wait on (both made for the gradients of dense layers, and for any contraction sh
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -226,18 +227,42 @@ def pack(fn: N.Function, target: Target, params: dict[str, Any]) -> N.Function:
     return replace(fn, body=_pack_members(fn.body, target, settings))
 
 
-def _pack_members(container: N.Block, target: Target, settings: tuple[int, int]) -> N.Block:
+Hoist = Callable[["_Copy", N.Refinement, int], "str | None"]
+
+
+def _pack_members(container: N.Block, target: Target, settings: tuple[int, int],
+                  hoist: Hoist | None = None) -> N.Block:
     """Pack the operands of the contractions among `container`'s statements into local
     buffers of `container`: the function's body (copied once per call) or a fused row
-    block (copied once per row, where only that row's slice of the operand is read)."""
+    block (copied once per row, where only that row's slice of the operand is read). A
+    fused row's widened copy of data that every row reads alike (B of a bf16 matmul,
+    which other copies leave in place there: it is used once per row) is made once, in
+    the container around the row loop (`hoist`), and passed in."""
     min_reuse, max_reduction = settings
     top = {r.into: r for r in container.refs}
     new_refs = list(container.refs)
     stmts: list[N.Statement] = []
     packed: dict[tuple[Any, ...], str] = {}
+
+    def hoisted(copy: _Copy, inner: N.Refinement, lanes: int) -> str | None:
+        """The local of this container holding a fused row's widened `copy` of its view
+        `inner`, made once here, or None where the rows read different data."""
+        rows = {i.name for i in copy.passed}
+        if inner.from_ not in top or any(a.terms or a.const for a in inner.access) \
+                or any(set(a.names) & rows for a in copy.ref.access):
+            return None
+        copy = replace(copy, passed=(), ref=replace(copy.ref, from_=inner.from_))
+        if copy.key not in packed:
+            name = f"{inner.from_}_widened{len(packed)}"
+            new_refs.append(N.Refinement("none", "", name, tuple(N.Affine() for _ in
+                                                                 copy.shape.dims), copy.shape))
+            stmts.append(copy.block(name, top[inner.from_], lanes))
+            packed[copy.key] = name
+        return packed[copy.key]
+
     for s in container.stmts:
         if isinstance(s, N.Block) and "fused" in s.tags:
-            stmts.append(_pack_members(s, target, settings))
+            stmts.append(_pack_members(s, target, settings, hoisted))
             continue
         if not (isinstance(s, N.Block) and "contraction" in s.tags):
             stmts.append(s)
@@ -247,10 +272,15 @@ def _pack_members(container: N.Block, target: Target, settings: tuple[int, int])
         def place(copy: _Copy, lanes: int = lanes) -> str:
             """The local buffer holding `copy`, made (with its copy block) on first use."""
             if copy.key not in packed:
+                zeros = tuple(N.Affine() for _ in copy.shape.dims)
+                outer = (hoist(copy, top[copy.ref.from_], lanes)
+                         if hoist is not None and copy.widens else None)
+                if outer is not None:
+                    new_refs.append(N.Refinement("in", outer, outer, zeros, copy.shape))
+                    packed[copy.key] = outer
+                    return outer
                 name = f"{copy.ref.from_}_panels{len(packed)}"
-                new_refs.append(N.Refinement("none", "", name, tuple(N.Affine() for _ in
-                                                                     copy.shape.dims),
-                                             copy.shape))
+                new_refs.append(N.Refinement("none", "", name, zeros, copy.shape))
                 stmts.append(copy.block(name, top[copy.ref.from_], lanes))
                 packed[copy.key] = name
             return packed[copy.key]
@@ -313,6 +343,11 @@ class _Copy:
                      looped, ranges, contiguous(dtype, sizes))
 
     @property
+    def widens(self) -> bool:
+        """Whether the copy converts (`widened`: a narrow float to float32)."""
+        return self.shape.dtype != self.ref.shape.dtype
+
+    @property
     def key(self) -> tuple[Any, ...]:
         fixed = tuple((j, a) for j, a in enumerate(self.ref.access)
                       if j != self.d and j not in self.looped)
@@ -336,7 +371,7 @@ class _Copy:
         dst = N.Refinement("out", name, name, dst_access, N.TensorShape(
             self.shape.dtype, tuple(N.Dim(1, x.stride) for x in self.shape.dims)))
         stmts: tuple[N.Statement, ...] = (N.Load("$x", source.into), N.Store(name, "$x"))
-        if self.shape.dtype != source.shape.dtype:      # widened exactly (`widened`)
+        if self.widens:                                 # exactly (`widened`)
             stmts = (stmts[0], N.Intrinsic("cast", ("$x",), "$w", self.shape.dtype),
                      N.Store(name, "$w"))
         # Panels of a dimension that is already unit-stride are plain vector copies
