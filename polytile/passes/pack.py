@@ -108,10 +108,13 @@ def _plain(ref: N.Refinement, ranges: dict[str, int]) -> bool:
 def widened(block: N.Block, ref: N.Refinement) -> DType:
     """The dtype a copy of `ref` holds: float32 where `ref` holds a narrower float whose
     every value is a float32 value (bfloat16, float16: `isa.inspect.widens`) and the block
-    reads it only through casts to float32, so the copy changes no value any op sees;
-    else `ref`'s own dtype."""
+    reads it only through casts to float32, so the copy changes no value any op sees,
+    and the block writes float32 (what the vector micro-kernel computes); else `ref`'s
+    own dtype."""
     dtype = ref.shape.dtype
-    if dtype == dtypes.FLOAT32 or not widens(dtype, dtypes.FLOAT32):
+    outs = [r for r in block.refs if r.dir in ("out", "inout")]
+    if dtype == dtypes.FLOAT32 or not widens(dtype, dtypes.FLOAT32) \
+            or [r.shape.dtype for r in outs] != [dtypes.FLOAT32]:
         return dtype
     loads = {s.into for s in block.stmts if isinstance(s, N.Load) and s.ref == ref.into}
     readers = [s for s in block.stmts if loads & set(_reads(s))]

@@ -102,3 +102,14 @@ def test_a_fused_row_reads_one_widened_copy_made_before_the_rows() -> None:
     assert [s.name for s in row.stmts if isinstance(s, N.Block)] == [
         "s0_init", "pack_A_panels0", "s0"]
     check_pass("pack_bmm_fused_widened", before, after)
+
+
+def test_a_bf16_output_keeps_its_operands_narrow() -> None:
+    # no float32 micro-kernel writes a bfloat16 output: widening would buy nothing
+    source = BMM.replace("-> (C) {", "-> (C) {\n  C(m,n) = bfloat16(0)").replace(
+        "C(m,n) +=! float(A(m,k)) * float(B(k,n))",
+        "C(m,n) += bfloat16(float(A(m,k)) * float(B(k,n)))")
+    before = lowered(source, SIZES)
+    assert contraction(before).refs[0].shape.dtype == dtypes.BFLOAT16
+    after = pack(before, AVX2, {"min_reuse": 4})
+    assert not any(r.shape.dtype == dtypes.FLOAT32 for r in after.body.refs)
