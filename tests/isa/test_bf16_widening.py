@@ -261,3 +261,14 @@ def test_this_host_runs_vdpbf16ps_or_the_widened_fp32_kernel() -> None:
         assert "dpbf16" not in source
         (leaf,) = vector_leaves(host)
         assert all(r.shape.dtype.name == "float32" for r in leaf.refs)
+
+
+def test_float16_operands_widen_the_same_way() -> None:
+    source = MM.replace("bfloat16", "half")
+    fn = function(avx2_module(source))
+    rng = np.random.default_rng(11)
+    a = exact_values(rng, (37, 53)).astype(np.float16)
+    b = exact_values(rng, (53, 29)).astype(np.float16)
+    np.testing.assert_array_equal(fn(a, b), a.astype(np.float64) @ b.astype(np.float64))
+    (leaf,) = vector_leaves(ir(source, AVX2_ONLY, A=(37, 53), B=(53, 29)))
+    assert all(r.shape.dtype.name == "float32" for r in leaf.refs)
