@@ -30,6 +30,18 @@ wait on (both made for the gradients of dense layers, and for any contraction sh
       out o0[m, n]:add                      ->       block s0 [m:M, n:N, k:K] (
       in p0[k, m]                                      ... in p0 <- p0_panels0[0, m, k]
       in p1[k, n] )                                    in p1[k, n] )
+
+A float32 contraction that reads bfloat16 (or float16) operands only through casts to
+float32 (`widened`: a bf16 matmul where no `vdpbf16ps` took it) gets float32 copies of
+them, exact, so the fp32 micro-kernel runs it: the vector operand whatever its reuse,
+the broadcast one with the reduction innermost:
+
+    block s0 [m:M, n:N, k:K] (                       block pack_p0_panels0 [..] #pack ( $x = load(p0)
+      out o0[m, n] float32:add                         $w = cast($x) : float32  p0_panels0 = store($w) )
+      in p0[m, k] bfloat16                  ->       block pack_p1_panels1 [..] #pack ( ..the same.. )
+      in p1[k, n] bfloat16                           block s0 [m:M, n_o:N/16, n:16, k:K] (
+    ) { $c = cast($p0) : float32 ... }                 in p0 <- p0_panels0[0, m, k] float32
+                                                       in p1 <- p1_panels1[n_o, k, n] float32 ) ...
 """
 from __future__ import annotations
 
