@@ -42,6 +42,7 @@ from polytile.ir.nodes import (
     Stitched,
     Store,
     Tensorized,
+    WarpTiled,
     TensorShape,
     VectorLoop,
 )
@@ -214,14 +215,15 @@ class _Parser(TokenCursor[_Token]):
             return
         if word not in ("parallel", "combine", "vector", "unroll", "order", "transpose",
                         "boundary",
-                        "prefetch", "tensorize", "stage", "across", "stitch", *GPU_KINDS):
+                        "prefetch", "tensorize", "stage", "across", "stitch", "mma",
+                        *GPU_KINDS):
             raise IRError(f"unknown schedule item {word!r}", item.loc,
                           "items: micro, vector(i, dtype, lanes), boundary(remainders|guarded), "
                           "unroll(i, ...), order(i, ...), transpose(width), parallel(i), "
                           "combine(buffer, ...), simd, "
                           "grid(i), thread(i), prefetch(distance), tensorize(instruction, i, k), "
                           "stage(k, tile, A, ..., pad = n), across(k, threads), "
-                          "stitch(for barrier, single, ...)")
+                          "stitch(for barrier, single, ...), mma(instruction, i, j, k, warps, warps)")
         self.expect("(")
         if word in ("unroll", "order"):
             fields[word] = self.listed(")", lambda: self.name("an index"))
@@ -274,6 +276,17 @@ class _Parser(TokenCursor[_Token]):
             index = self.name("the reduction index")
             self.expect(",")
             fields["across"] = Across(index, self.integer("the work-items"))
+        elif word == "mma":
+            name = self.name("the instruction")
+            loops = []
+            for what in ("the rows index", "the columns index", "the reduction index"):
+                self.expect(",")
+                loops.append(self.name(what))
+            self.expect(",")
+            warps_m = self.integer("the warps along the rows")
+            self.expect(",")
+            fields["mma"] = WarpTiled(name, *loops, warps_m,
+                                      self.integer("the warps along the columns"))
         elif word == "boundary":
             fields["boundary"] = self.name("remainders or guarded")
         else:
