@@ -199,10 +199,9 @@ class _Machine:
         """The threads of a group between barriers, one after another, the last first."""
         saved = (self.memory, self.values, self.types, self.ints)
         running = []
-        for v in reversed(values):
-            context = (dict(self.memory), dict(self.values), dict(self.types),
-                       {**self.ints, st.var: v})
-            running.append((context, self.steps(st.body)))
+        for ints, body in self.group(st, values):
+            context = (dict(self.memory), dict(self.values), dict(self.types), ints)
+            running.append((context, self.steps(body)))
         try:
             while running:
                 waiting = []
@@ -216,6 +215,25 @@ class _Machine:
                 running = waiting
         finally:
             self.memory, self.values, self.types, self.ints = saved
+
+    def group(self, st: L.Loop, values: range) -> list[tuple[dict[str, int], tuple[L.Stmt, ...]]]:
+        """The threads of a group: the iterations of `st` and of the thread loops nested
+        directly in it (one per dimension of the group), last first, each with its loop
+        variables and the body it runs."""
+        threads = []
+        for v in reversed(values):
+            ints = {**self.ints, st.var: v}
+            inner = st.body[0] if len(st.body) == 1 else None
+            if isinstance(inner, L.Loop) and inner.kind == "thread":
+                saved, self.ints = self.ints, ints
+                try:
+                    threads += self.group(inner, range(self.i(inner.lo), self.i(inner.hi),
+                                                       inner.step))
+                finally:
+                    self.ints = saved
+            else:
+                threads.append((ints, st.body))
+        return threads
 
     def steps(self, stmts: tuple[L.Stmt, ...]) -> Iterator[bool]:
         """Run `stmts` as one thread, yielding at each shared barrier."""
