@@ -48,16 +48,16 @@ def print_warp(printer: _Printer, st: L.Stmt, form: str, dialect: str) -> list[s
                 raise UnsupportedError(f"a fragment filled with {f.fill}: only 0 is printed")
             return lines + [f"for (int pt_e = 0; pt_e < {held}; pt_e++) {st.name}[pt_e] = 0;"]
         place = _place(definition, f.operand, f.lane)
-        return lines + ["#pragma unroll",
-                        f"for (int pt_e = 0; pt_e < {held}; pt_e++) "
-                        f"{st.name}[pt_e] = {f.buffer}[{printer.iexpr(f.offset)} + {place}];"]
+        load = (f"for (int pt_e = 0; pt_e < {held}; pt_e++) "
+                f"{st.name}[pt_e] = {f.buffer}[{printer.iexpr(f.offset)} + {place}];")
+        return [*lines, "#pragma unroll", load]
     if isinstance(st, L.FragmentStore):
         definition = _warp(st.instruction)
         held = definition.held(st.operand)
         place = _place(definition, st.operand, st.lane)
-        return ["#pragma unroll",
-                f"for (int pt_e = 0; pt_e < {held}; pt_e++) "
-                f"{st.buffer}[{printer.iexpr(st.offset)} + {place}] = {st.value}[pt_e];"]
+        store = (f"for (int pt_e = 0; pt_e < {held}; pt_e++) "
+                 f"{st.buffer}[{printer.iexpr(st.offset)} + {place}] = {st.value}[pt_e];")
+        return ["#pragma unroll", store]
     assert isinstance(st, L.Instruction)
     definition = _warp(st.name)
     template = definition.forms.get(form) if form else None

@@ -42,9 +42,9 @@ from polytile.ir.nodes import (
     Stitched,
     Store,
     Tensorized,
-    WarpTiled,
     TensorShape,
     VectorLoop,
+    WarpTiled,
 )
 from polytile.lang.cursor import TokenCursor
 
@@ -278,14 +278,16 @@ class _Parser(TokenCursor[_Token]):
             fields["across"] = Across(index, self.integer("the work-items"))
         elif word == "mma":
             name = self.name("the instruction")
-            loops = []
-            for what in ("the rows index", "the columns index", "the reduction index"):
-                self.expect(",")
-                loops.append(self.name(what))
+            self.expect(",")
+            m_index = self.name("the rows index")
+            self.expect(",")
+            n_index = self.name("the columns index")
+            self.expect(",")
+            k_index = self.name("the reduction index")
             self.expect(",")
             warps_m = self.integer("the warps along the rows")
             self.expect(",")
-            fields["mma"] = WarpTiled(name, *loops, warps_m,
+            fields["mma"] = WarpTiled(name, m_index, n_index, k_index, warps_m,
                                       self.integer("the warps along the columns"))
         elif word == "boundary":
             fields["boundary"] = self.name("remainders or guarded")

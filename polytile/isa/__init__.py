@@ -164,7 +164,7 @@ def _sizes(text: str, origin: str) -> tuple[tuple[str, int], ...]:
 
 
 def _layout(value: str, origin: str) -> tuple[int, str]:
-    count, colon, formula = value.partition(":")
+    count, _, formula = value.partition(":")
     try:
         return int(count), formula.strip()
     except ValueError:

@@ -45,7 +45,7 @@ Semantics (the interpreter, polytile.loops.interp, is the reference):
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Union
 
 from polytile.dtypes import DType
@@ -176,7 +176,7 @@ class Fragment:
     operand: str
     lane: str
     buffer: str = ""
-    offset: Affine = Affine()
+    offset: Affine = field(default_factory=Affine)
     fill: float = 0
 
 

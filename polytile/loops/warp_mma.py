@@ -29,8 +29,10 @@ copy reads each element through the program's view.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from polytile.dtypes import DType
 from polytile.errors import IRError
 from polytile.ir.nodes import Affine, Block, Refinement, Store
 from polytile.isa import WARP, Description, description
@@ -154,9 +156,9 @@ def _operands(blk: Block, rows: str, cols: str) -> tuple[Refinement, Refinement]
     return a[0], b[0]
 
 
-def _stage(low: Lowering, shared: str, dtype, rows: int, cols: int, t: str, threads: int,
-           size_r: int, size_c: int, origin_r: Affine, origin_c: Affine,
-           place) -> list[L.Stmt]:
+def _stage(low: Lowering, shared: str, dtype: DType, rows: int, cols: int, t: str,
+           threads: int, size_r: int, size_c: int, origin_r: Affine, origin_c: Affine,
+           place: Callable[[Affine, Affine], View]) -> list[L.Stmt]:
     """The group's copy of a rows x cols box (row r, column c at r*cols + c) whose point
     (r, c) is the program's element place(origin_r + r, origin_c + c); 0 past size_r and
     size_c."""
@@ -175,9 +177,10 @@ def _stage(low: Lowering, shared: str, dtype, rows: int, cols: int, t: str, thre
     return [L.Loop(e, Affine.index(t), Affine.constant(rows * cols), tuple(body), step=threads)]
 
 
-def _unstage(low: Lowering, shared: str, dtype, t: str, threads: int, tile: tuple[int, int],
-             warps: tuple[int, int], sizes: tuple[int, int], origins: tuple[Affine, Affine],
-             place) -> list[L.Stmt]:
+def _unstage(low: Lowering, shared: str, dtype: DType, t: str, threads: int,
+             tile: tuple[int, int], warps: tuple[int, int], sizes: tuple[int, int],
+             origins: tuple[Affine, Affine], place: Callable[[Affine, Affine], View]
+             ) -> list[L.Stmt]:
     """The group's copy of the warps' tiles (warp q's tile at q*tm*tn, row-major) into the
     output, each element combined with the output's aggregation, where inside it."""
     tm, tn = tile

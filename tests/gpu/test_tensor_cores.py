@@ -24,6 +24,7 @@ from polytile.config import load_config
 from polytile.errors import ArgumentError, IRError, UnsupportedError
 from polytile.ir.parser import parse_function
 from polytile.ir.printer import format_function
+from polytile.ir.verify import verify
 from polytile.isa import WARP, descriptions, load_description
 from polytile.loops import interp
 from polytile.loops import nodes as L
@@ -173,9 +174,19 @@ def test_the_warps_per_block_are_the_pass_options() -> None:
     assert mma(off) == []
 
 
-def test_the_schedule_parses_back() -> None:
+def test_the_schedule_parses_back_and_the_verifier_checks_it() -> None:
     fn = ir(BMM16, "cuda-sm90", A=(3, 37, 29), W=(3, 53, 29))
     assert parse_function(format_function(fn)) == fn
+    verify(fn)
+    (w,) = mma(fn)
+    text = format_function(fn)
+    wrong = text.replace(f"mma({w.instruction}, {w.rows}, {w.cols}, {w.reduction}",
+                         f"mma({w.instruction}, {w.cols}, {w.reduction}, {w.rows}")
+    with pytest.raises(IRError, match="which the instruction does not compute there"):
+        verify(parse_function(wrong))
+    too_many = text.replace(", 2, 2))", ", 8, 8))")
+    with pytest.raises(IRError, match="do not fit a block"):
+        verify(parse_function(too_many))
 
 
 # ------------------------------------------------------------------ exact in the interpreter
@@ -387,10 +398,9 @@ def test_tensor_cores_on_a_device_match_the_reference(source: str, dt) -> None: 
 
 # ------------------------------------------------------------------ command line
 
-def test_show_prints_it_and_instructions_lists_it(tmp_path: Path,
-                                                  capsys: pytest.CaptureFixture[str]) -> None:
-    path = tmp_path / "tmm16.tc"
-    path.write_text(TMM16)
+def test_show_prints_it_and_instructions_lists_it(capsys: pytest.CaptureFixture[str]) -> None:
+    path = Path(__file__).with_name("tmm16.tc")        # the file docs/gpu.md shows
+    assert path.read_text() == TMM16
     assert cli_main(["show", str(path), "--stage", "cuda", "--target", "cuda-sm90",
                      "--sizes", "M=128,N=128,K=64"]) == 0
     out = capsys.readouterr().out

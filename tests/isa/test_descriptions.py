@@ -17,13 +17,13 @@ import numpy as np
 import pytest
 
 from polytile.cli import main as cli_main
-from polytile.runtime.cuda import device_problem
 from polytile.codegen.c import print_c
 from polytile.errors import IRError, UnsupportedError
 from polytile.ir.nodes import Affine
 from polytile.isa import Description, descriptions, load_description
 from polytile.loops import nodes as L
 from polytile.loops.interp import run_kernel
+from polytile.runtime.cuda import device_problem
 from polytile.targets.target import host_features
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "codegen"))
