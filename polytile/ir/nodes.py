@@ -229,10 +229,12 @@ class WarpTiled:
     """The block runs on a warp-level matrix instruction (Tensor Cores' `mma.sync`,
     described in polytile/isa): the instruction's M, N and K loops are the block's indices
     `rows`, `cols` and `reduction` (the inspector's mapping); each warp of a GPU block
-    computes one instruction tile of the output (M x N), the block `warps_m` x `warps_n`
-    tiles, with both operands staged through shared memory one K tile at a time and
-    zero-filled past the ends (polytile.loops.warp_mma). Other output indices run across
-    the grid's third dimension (the first) and in uniform loops (the rest)."""
+    computes `tiles_m` x `tiles_n` instruction tiles of the output (M x N each: a register
+    tile of accumulator fragments, each operand fragment serving several instructions),
+    a block `warps_m` x `warps_n` warps, with both operands staged through shared memory
+    one K step at a time and zero-filled past the ends (polytile.loops.warp_mma). Other
+    output indices run across the grid's third dimension (the first) and in uniform loops
+    (the rest)."""
 
     instruction: str
     rows: str
@@ -240,6 +242,8 @@ class WarpTiled:
     reduction: str
     warps_m: int = 2
     warps_n: int = 2
+    tiles_m: int = 1
+    tiles_n: int = 1
 
 
 @dataclass(frozen=True)

@@ -223,7 +223,7 @@ class _Parser(TokenCursor[_Token]):
                           "combine(buffer, ...), simd, "
                           "grid(i), thread(i), prefetch(distance), tensorize(instruction, i, k), "
                           "stage(k, tile, A, ..., pad = n), across(k, threads), "
-                          "stitch(for barrier, single, ...), mma(instruction, i, j, k, warps, warps)")
+                          "stitch(for barrier, single, ...), mma(instruction, i, j, k, warps, warps, tiles, tiles)")
         self.expect("(")
         if word in ("unroll", "order"):
             fields[word] = self.listed(")", lambda: self.name("an index"))
@@ -285,10 +285,12 @@ class _Parser(TokenCursor[_Token]):
             self.expect(",")
             k_index = self.name("the reduction index")
             self.expect(",")
-            warps_m = self.integer("the warps along the rows")
-            self.expect(",")
-            fields["mma"] = WarpTiled(name, m_index, n_index, k_index, warps_m,
-                                      self.integer("the warps along the columns"))
+            counts = [self.integer("the warps along the rows")]
+            for what in ("the warps along the columns", "a warp's tiles along the rows",
+                         "a warp's tiles along the columns"):
+                self.expect(",")
+                counts.append(self.integer(what))
+            fields["mma"] = WarpTiled(name, m_index, n_index, k_index, *counts)
         elif word == "boundary":
             fields["boundary"] = self.name("remainders or guarded")
         else:

@@ -219,6 +219,8 @@ def _check_mma(block: Block, w: WarpTiled, path: str) -> None:
     if not 1 <= w.warps_m * w.warps_n * WARP <= 1024 or min(w.warps_m, w.warps_n) < 1:
         raise _fail(path, f"mma's {w.warps_m} x {w.warps_n} warps do not fit a block of at "
                           "most 1024 threads")
+    if min(w.tiles_m, w.tiles_n) < 1:
+        raise _fail(path, f"mma's warp tile {w.tiles_m} x {w.tiles_n} is empty")
     if not any([p for _, p in m.loops] == [w.rows, w.cols, w.reduction] and not m.broadcast
                for m in mappings(block, d.name, d.reduction)):
         raise _fail(path, f"the schedule runs the block on {w.instruction} with M, N, K along "

@@ -4,17 +4,17 @@ decided by pass `tensor_cores`): Tensor Cores' `mma.sync`, one output tile per w
     grid gn over N / BN, gm over M / BM (, gb over the first other output index):
       __shared__ As[BM x K_t], Bs[BN x K_t], Cs[BM x BN]
       thread t of 32 * warps_m * warps_n:   warp w = t / 32, lane = t % 32,
-                                            the warp's tile (wr, wc) = (w / warps_n, w % warps_n)
+                                            its place (wr, wc) = (w / warps_n, w % warps_n)
         (uniform loops over the other output indices)
-        acc = 0                                   (the warp's M_t x N_t accumulator fragment)
+        acc[i][j] = 0        (the warp's tiles_m x tiles_n accumulator fragments, M_t x N_t)
         for kt in 0..K step K_t:
             As[r, c] = A[BM*gm + r, kt + c], 0 past the ends of M and K   (the group copies,
             Bs[r, c] = B[BN*gn + r, kt + c], 0 past the ends of N and K    t, t + T, ...)
             barrier
-            a = fragment of As rows wr*M_t.., b = fragment of Bs rows wc*N_t..
-            acc = mma(acc, a, b)                  (the whole warp: Instruction)
+            a[i] = fragment of As's tile row wr*tiles_m + i, b[j] of Bs's wc*tiles_n + j
+            acc[i][j] = mma(acc[i][j], a[i], b[j])     (the whole warp: Instruction)
             barrier
-        Cs[warp w's tile] = acc;  barrier
+        Cs[the warp's tiles] = acc;  barrier
         C[BM*gm + ..., BN*gn + ...] += Cs[...] where inside M and N    (the group copies)
 
 The tiles of As and Bs a warp reads are consecutive (rows of K_t elements, no padding),
@@ -35,24 +35,15 @@ from typing import TYPE_CHECKING
 from polytile.dtypes import DType
 from polytile.errors import IRError
 from polytile.ir.nodes import Affine, Block, Refinement, Store
-from polytile.isa import WARP, Description, description
-from polytile.isa.inspect import output, uses
+from polytile.isa import WARP, description
+from polytile.isa.inspect import uses
 from polytile.loops import nodes as L
 from polytile.loops.gpu_tile import INT64
 from polytile.loops.views import Scope, View, child_view, fixed_indices, safe
+from polytile.passes.tensor_cores import block_tile, extents
 
 if TYPE_CHECKING:
     from polytile.loops.lower import Lowering
-
-
-def extents(d: Description) -> tuple[int, int, int]:
-    """The instruction's M, N and K: its output's two loops and its reduction loop."""
-    out = output(d.reduction)
-    assert out is not None
-    rows, cols = (a.names[0] for a in out.access)
-    ranges = {i.name: i.range for i in d.reduction.idxs}
-    (red,) = (n for n in ranges if n not in (rows, cols))
-    return ranges[rows], ranges[cols], ranges[red]
 
 
 def lower_block(low: Lowering, blk: Block, outer: Scope) -> list[L.Stmt]:
@@ -74,11 +65,10 @@ def lower_block(low: Lowering, blk: Block, outer: Scope) -> list[L.Stmt]:
     others = [n for n in loops if n not in (w.rows, w.cols, w.reduction)]
     if any(n not in uses(out_ref) for n in others):
         raise IRError(f"block {blk.name} runs {w.instruction} with another reduction loop")
-    block_m, block_n = tm * w.warps_m, tn * w.warps_n
+    block_m, block_n = block_tile(d, w)
     threads = WARP * w.warps_m * w.warps_n
 
     gm, gn, t = low.fresh("i"), low.fresh("i"), low.fresh("i")
-    grid_other = others[:1]
     var = {n: low.fresh("i") for n in others}
     warp, lane, wr, wc = (low.fresh("d") for _ in range(4))
     at = {**fixed_indices(blk, outer.idx), **{n: Affine.index(v) for n, v in var.items()}}
@@ -89,40 +79,44 @@ def lower_block(low: Lowering, blk: Block, outer: Scope) -> list[L.Stmt]:
 
     a_s, b_s, c_s = low.fresh("l"), low.fresh("l"), low.fresh("l")
     kt = low.fresh("i")
-    zero = Affine.constant(0)
+    ix, zero = Affine.index, Affine.constant(0)
     copy_a = _stage(low, a_s, a_t.dtype, block_m, tk, t, threads, size_m, size_k,
-                    Affine.index(gm).scale(block_m), Affine.index(kt),
-                    lambda r, c: view(a_ref, r, zero, c))
+                    ix(gm).scale(block_m), ix(kt), lambda r, c: view(a_ref, r, zero, c))
     copy_b = _stage(low, b_s, b_t.dtype, block_n, tk, t, threads, size_n, size_k,
-                    Affine.index(gn).scale(block_n), Affine.index(kt),
-                    lambda r, c: view(b_ref, zero, r, c))
-    acc, fa, fb = low.fresh("v"), low.fresh("v"), low.fresh("v")
-    step: list[L.Stmt] = [
-        *copy_a, *copy_b, L.Barrier("shared"),
-        L.Let(fa, a_t, L.Fragment(instr.name, instr.names[1], lane, a_s,
-                                  Affine.index(wr).scale(tm * tk))),
-        L.Let(fb, b_t, L.Fragment(instr.name, instr.names[2], lane, b_s,
-                                  Affine.index(wc).scale(tn * tk))),
-        L.Instruction(instr.name, (acc,), (acc, fa, fb)),
-        L.Barrier("shared")]
-    work: list[L.Stmt] = [
-        L.Var(acc, acc_t, L.Fragment(instr.name, instr.names[0], lane)),
-        L.Loop(kt, zero, Affine.constant(size_k), tuple(step), step=tk),
-        L.FragmentStore(c_s, Affine.index(warp).scale(tm * tn), acc, instr.name,
-                        instr.names[len(instr.inputs)], lane),
-        L.Barrier("shared"),
-        *_unstage(low, c_s, acc_t.dtype, t, threads, (tm, tn), (w.warps_m, w.warps_n),
-                  (size_m, size_n), (Affine.index(gm).scale(block_m),
-                                     Affine.index(gn).scale(block_n)),
-                  lambda m, n: view(out_ref, m, n, zero)),
-        L.Barrier("shared")]        # Cs is written again by the next uniform iteration
+                    ix(gn).scale(block_n), ix(kt), lambda r, c: view(b_ref, zero, r, c))
+    # The warp's tiles: (wr*tiles_m + i, wc*tiles_n + j) in the block's grid of tiles.
+    tile_row = [ix(wr).scale(w.tiles_m) + i for i in range(w.tiles_m)]
+    tile_col = [ix(wc).scale(w.tiles_n) + j for j in range(w.tiles_n)]
+    accs = [[low.fresh("v") for _ in tile_col] for _ in tile_row]
+    fa = [low.fresh("v") for _ in tile_row]
+    fb = [low.fresh("v") for _ in tile_col]
+    step: list[L.Stmt] = [*copy_a, *copy_b, L.Barrier("shared")]
+    step += [L.Let(f, a_t, L.Fragment(instr.name, instr.names[1], lane, a_s,
+                                      row.scale(tm * tk))) for f, row in zip(fa, tile_row)]
+    step += [L.Let(f, b_t, L.Fragment(instr.name, instr.names[2], lane, b_s,
+                                      col.scale(tn * tk))) for f, col in zip(fb, tile_col)]
+    step += [L.Instruction(instr.name, (acc,), (acc, fa[i], fb[j]))
+             for i, row in enumerate(accs) for j, acc in enumerate(row)]
+    step.append(L.Barrier("shared"))
+    across = block_n // tn              # tiles along N in the block (Cs holds them row-major)
+    result = instr.names[len(instr.inputs)]
+    work: list[L.Stmt] = [L.Var(acc, acc_t, L.Fragment(instr.name, instr.names[0], lane))
+                          for row in accs for acc in row]
+    work.append(L.Loop(kt, zero, Affine.constant(size_k), tuple(step), step=tk))
+    work += [L.FragmentStore(c_s, (tile_row[i].scale(across) + tile_col[j]).scale(tm * tn),
+                             acc, instr.name, result, lane)
+             for i, row in enumerate(accs) for j, acc in enumerate(row)]
+    work.append(L.Barrier("shared"))
+    work += _unstage(low, c_s, acc_t.dtype, t, threads, (tm, tn), across, block_m * block_n,
+                     (size_m, size_n), (ix(gm).scale(block_m), ix(gn).scale(block_n)),
+                     lambda m, n: view(out_ref, m, n, zero))
+    work.append(L.Barrier("shared"))    # Cs is written again by the next uniform iteration
     for n in reversed(others[1:]):
         work = [L.Loop(var[n], zero, Affine.constant(loops[n]), tuple(work))]
-    me = Affine.index(t)
-    work = [L.Let(warp, INT64, L.IntValue(L.IDiv(me, WARP))),
-            L.Let(lane, INT64, L.IntValue(me - Affine.index(warp).scale(WARP))),
-            L.Let(wr, INT64, L.IntValue(L.IDiv(Affine.index(warp), w.warps_n))),
-            L.Let(wc, INT64, L.IntValue(Affine.index(warp) - Affine.index(wr).scale(w.warps_n))),
+    work = [L.Let(warp, INT64, L.IntValue(L.IDiv(ix(t), WARP))),
+            L.Let(lane, INT64, L.IntValue(ix(t) - ix(warp).scale(WARP))),
+            L.Let(wr, INT64, L.IntValue(L.IDiv(ix(warp), w.warps_n))),
+            L.Let(wc, INT64, L.IntValue(ix(warp) - ix(wr).scale(w.warps_n))),
             *work]
     buffers = (
         L.Buffer(a_s, a_t.dtype, block_m * tk, "stack", "shared",
@@ -133,14 +127,14 @@ def lower_block(low: Lowering, blk: Block, outer: Scope) -> list[L.Stmt]:
                  label=f"{safe(out_ref.into)}: the warps' {tm}x{tn} tiles"))
     body: list[L.Stmt] = [L.Alloc(buffers, (L.Loop(t, zero, Affine.constant(threads),
                                                    tuple(work), "thread"),))]
-    for n in grid_other:
+    for n in others[:1]:
         body = [L.Loop(var[n], zero, Affine.constant(loops[n]), tuple(body), "grid")]
     body = [L.Loop(gn, zero, Affine.constant(-(-size_n // block_n)),
                    (L.Loop(gm, zero, Affine.constant(-(-size_m // block_m)), tuple(body),
                            "grid"),), "grid")]
     title = L.Comment(f"block {safe(blk.name)}: {w.instruction} on Tensor Cores, "
-                      f"{w.warps_m}x{w.warps_n} warps of {tm}x{tn} tiles per block, "
-                      f"{safe(w.reduction)} in steps of {tk}")
+                      f"{w.warps_m}x{w.warps_n} warps of {w.tiles_m}x{w.tiles_n} {tm}x{tn} "
+                      f"tiles per block, {safe(w.reduction)} in steps of {tk}")
     return [title, *body]
 
 
@@ -178,17 +172,18 @@ def _stage(low: Lowering, shared: str, dtype: DType, rows: int, cols: int, t: st
 
 
 def _unstage(low: Lowering, shared: str, dtype: DType, t: str, threads: int,
-             tile: tuple[int, int], warps: tuple[int, int], sizes: tuple[int, int],
+             tile: tuple[int, int], across: int, count: int, sizes: tuple[int, int],
              origins: tuple[Affine, Affine], place: Callable[[Affine, Affine], View]
              ) -> list[L.Stmt]:
-    """The group's copy of the warps' tiles (warp q's tile at q*tm*tn, row-major) into the
-    output, each element combined with the output's aggregation, where inside it."""
+    """The group's copy of the block's output tiles (tile (R, C) of `across` per row at
+    (R*across + C) * tm*tn, each row-major) into the output, each element combined with
+    the output's aggregation, where inside it."""
     tm, tn = tile
     e = low.fresh("i")
-    q, p, r, c, qr, qc = (low.fresh("d") for _ in range(6))
+    q, p, r, c, tr, tc = (low.fresh("d") for _ in range(6))
     ix = Affine.index
-    m = origins[0] + ix(qr).scale(tm) + ix(r)
-    n = origins[1] + ix(qc).scale(tn) + ix(c)
+    m = origins[0] + ix(tr).scale(tm) + ix(r)
+    n = origins[1] + ix(tc).scale(tn) + ix(c)
     target = place(m, n)
     value = low.fresh("s")
     stored: list[L.Stmt] = [L.Let(value, L.VType(dtype), L.Read(shared, ix(e)))]
@@ -198,9 +193,8 @@ def _unstage(low: Lowering, shared: str, dtype: DType, t: str, threads: int,
         L.Let(p, INT64, L.IntValue(ix(e) - ix(q).scale(tm * tn))),
         L.Let(r, INT64, L.IntValue(L.IDiv(ix(p), tn))),
         L.Let(c, INT64, L.IntValue(ix(p) - ix(r).scale(tn))),
-        L.Let(qr, INT64, L.IntValue(L.IDiv(ix(q), warps[1]))),
-        L.Let(qc, INT64, L.IntValue(ix(q) - ix(qr).scale(warps[1]))),
+        L.Let(tr, INT64, L.IntValue(L.IDiv(ix(q), across))),
+        L.Let(tc, INT64, L.IntValue(ix(q) - ix(tr).scale(across))),
         L.If((Affine.constant(sizes[0] - 1) - m, Affine.constant(sizes[1] - 1) - n),
              (*stored, L.Store(target.ptr, target.offset, out, target.agg)))]
-    count = tm * tn * warps[0] * warps[1]
     return [L.Loop(e, ix(t), Affine.constant(count), tuple(body), step=threads)]

@@ -146,11 +146,11 @@ def test_a_contraction_of_the_instructions_types_gets_a_tile_per_warp(
         fn = ir(source, target, A=(64, 48), B=(40, 48))
         (w,) = mma(fn)
         # rows -> m, cols -> n (the output's unit-stride index), reduction -> k
-        assert (w.instruction, w.rows, w.cols, w.reduction, w.warps_m, w.warps_n) == \
-            (instruction, "i0", "i1", "i2", 2, 2)
+        assert (w.instruction, w.rows, w.cols, w.reduction) == (instruction, "i0", "i1", "i2")
+        assert (w.warps_m, w.warps_n, w.tiles_m, w.tiles_n) == (2, 2, 2, 2)
         (s0,) = [s for s in fn.body.stmts if s.schedule.mma is not None]
         assert "tensorized" in s0.tags and "kernel" not in s0.tags
-        assert f"schedule(mma({instruction}, i0, i1, i2, 2, 2))" in format_function(fn)
+        assert f"schedule(mma({instruction}, i0, i1, i2, 2, 2, 2, 2))" in format_function(fn)
 
 
 def test_float32_and_opencl_stay_on_the_gpu_mapping() -> None:
@@ -162,13 +162,19 @@ def test_float32_and_opencl_stay_on_the_gpu_mapping() -> None:
     assert mma(opencl) == [] and "schedule(grid(" in format_function(opencl)
 
 
-def test_the_warps_per_block_are_the_pass_options() -> None:
-    fn = ir(TMM16, "cuda-sm80", {"tensor_cores.warps_m": 4, "tensor_cores.warps_n": 1},
+def test_the_warps_per_block_and_tiles_per_warp_are_the_pass_options() -> None:
+    fn = ir(TMM16, "cuda-sm80", {"tensor_cores.warps_m": 4, "tensor_cores.warps_n": 1,
+                                 "tensor_cores.tiles_m": 1, "tensor_cores.tiles_n": 3},
             A=(64, 48), B=(40, 48))
     (w,) = mma(fn)
-    assert (w.warps_m, w.warps_n) == (4, 1)
+    assert (w.warps_m, w.warps_n, w.tiles_m, w.tiles_n) == (4, 1, 1, 3)
     with pytest.raises(ArgumentError, match="more than a block's 1024 threads"):
         ir(TMM16, "cuda-sm80", {"tensor_cores.warps_m": 8, "tensor_cores.warps_n": 8},
+           A=(64, 48), B=(40, 48))
+    # 8 x 8 warps of 2 x 2 tiles stage 256 x 128 floats of C: 128 KiB
+    with pytest.raises(ArgumentError, match="more than a block's 49152"):
+        ir(TMM16, "cuda-sm80", {"tensor_cores.warps_m": 4, "tensor_cores.warps_n": 8,
+                                "tensor_cores.tiles_m": 2, "tensor_cores.tiles_n": 2},
            A=(64, 48), B=(40, 48))
     off = ir(TMM16, "cuda-sm80", {"tensor_cores.enabled": False}, A=(64, 48), B=(40, 48))
     assert mma(off) == []
@@ -184,7 +190,7 @@ def test_the_schedule_parses_back_and_the_verifier_checks_it() -> None:
                          f"mma({w.instruction}, {w.cols}, {w.reduction}, {w.rows}")
     with pytest.raises(IRError, match="which the instruction does not compute there"):
         verify(parse_function(wrong))
-    too_many = text.replace(", 2, 2))", ", 8, 8))")
+    too_many = text.replace(", 2, 2, 2, 2))", ", 8, 8, 2, 2))")
     with pytest.raises(IRError, match="do not fit a block"):
         verify(parse_function(too_many))
 
@@ -254,11 +260,15 @@ def test_batched_forms_are_exact() -> None:
     assert np.array_equal(got, function(BMM16_4D)(A4, W4))
 
 
-def test_other_warp_shapes_are_exact() -> None:
+@pytest.mark.parametrize("warps_m, warps_n, tiles_m, tiles_n",
+                         [(1, 3, 1, 1), (2, 1, 3, 2), (1, 1, 1, 4)])
+def test_other_warp_shapes_are_exact(warps_m: int, warps_n: int, tiles_m: int,
+                                     tiles_n: int) -> None:
     rng = np.random.default_rng(9)
     A, B = small_ints(rng, (37, 20), np.float16), small_ints(rng, (45, 20), np.float16)
-    got = run_loops(TMM16, {"A": A.shape, "B": B.shape}, [A, B],
-                    options={"tensor_cores.warps_m": 1, "tensor_cores.warps_n": 3})
+    options = {"tensor_cores.warps_m": warps_m, "tensor_cores.warps_n": warps_n,
+               "tensor_cores.tiles_m": tiles_m, "tensor_cores.tiles_n": tiles_n}
+    got = run_loops(TMM16, {"A": A.shape, "B": B.shape}, [A, B], options=options)
     assert np.array_equal(got, function(TMM16)(A, B))
 
 
@@ -330,11 +340,12 @@ def cuda_text(source: str, target: str, **shapes) -> str:  # type: ignore[no-unt
 
 def test_the_printed_cuda_loads_fragments_through_the_layouts() -> None:
     text = cuda_text(TMM16, "cuda-sm90", A=(37, 29), B=(53, 29))
-    assert "pt_k1: 4 x 2 blocks of 128 x 1 threads" in text or \
-        "pt_k1: 2 x 4 blocks of 128 x 1 threads" in text
-    assert "__shared__ uint16_t l0[512];" in text and "__shared__ float l2[512];" in text
-    assert 'asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32' in text
-    assert "(d1/4 + 8*(pt_e/2%2))*16 + (d1%4)*2 + pt_e%2 + 8*(pt_e/4)" in text
+    # 64 x 32 outputs per block: 1 x 2 blocks over 37 x 53
+    assert "pt_k1: 1 x 2 blocks of 128 x 1 threads" in text
+    assert "__shared__ uint16_t l0[1024];" in text and "__shared__ float l2[2048];" in text
+    # 2 x 2 instructions per warp and step, from 2 fragments of A and 2 of B
+    assert text.count('asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32') == 4
+    assert text.count("(d1/4 + 8*(pt_e/2%2))*16 + (d1%4)*2 + pt_e%2 + 8*(pt_e/4)") == 2
     assert text.count("__syncthreads();") == 4
 
 
@@ -361,7 +372,7 @@ def test_nvrtc_compiles_it_and_the_ptx_runs_mma_sync(source: str, shapes: dict, 
     assert cubin_arch(cubin) == arch
     code = runtime.compile_ptx(text, (f"--gpu-architecture=compute_{arch}", *NVRTC_FLAGS))
     assert f".target sm_{arch}" in code
-    assert sum(ptx in line for line in code.splitlines()) == 1    # one per k step of a warp
+    assert sum(ptx in line for line in code.splitlines()) == 4    # a warp's 2 x 2 tiles
 
 
 @needs_nvrtc
@@ -404,7 +415,7 @@ def test_show_prints_it_and_instructions_lists_it(capsys: pytest.CaptureFixture[
     assert cli_main(["show", str(path), "--stage", "cuda", "--target", "cuda-sm90",
                      "--sizes", "M=128,N=128,K=64"]) == 0
     out = capsys.readouterr().out
-    assert "mma_f16_m16n8k16 on Tensor Cores, 2x2 warps of 16x8 tiles per block" in out
+    assert "mma_f16_m16n8k16 on Tensor Cores, 2x2 warps of 2x2 16x8 tiles per block" in out
     assert "mma.sync.aligned.m16n8k16" in out
     assert cli_main(["instructions"]) == 0
     rows = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()}
