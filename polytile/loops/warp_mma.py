@@ -1,5 +1,5 @@
 """Lowering of a contraction on a warp-level matrix instruction (`BlockSchedule.mma`,
-decided by pass `tensor_cores`): Tensor Cores' `mma.sync`, one output tile per warp.
+decided by pass `tensor_cores`): Tensor Cores' `mma.sync`, tiles_m x tiles_n output tiles per warp.
 
     grid gn over N / BN, gm over M / BM (, gb over the first other output index):
       __shared__ As[BM x K_t], Bs[BN x K_t], Cs[BM x BN]
@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING
 
 from polytile.dtypes import DType
 from polytile.errors import IRError
-from polytile.ir.nodes import Affine, Block, Refinement, Store
+from polytile.ir.nodes import Affine, Block, Load, Refinement, Store
 from polytile.isa import WARP, description
 from polytile.isa.inspect import uses
 from polytile.loops import nodes as L
@@ -140,7 +140,7 @@ def lower_block(low: Lowering, blk: Block, outer: Scope) -> list[L.Stmt]:
 
 def _operands(blk: Block, rows: str, cols: str) -> tuple[Refinement, Refinement]:
     """The views bound to the instruction's a (read along its M loop) and b (along N)."""
-    read = {st.ref for st in blk.stmts if hasattr(st, "ref") and not isinstance(st, Store)}
+    read = {st.ref for st in blk.stmts if isinstance(st, Load)}
     inputs = [r for r in blk.refs if r.dir == "in" and r.into in read]
     a = [r for r in inputs if rows in uses(r)]
     b = [r for r in inputs if cols in uses(r)]
