@@ -14,6 +14,12 @@ operands, and comment lines `# key: value` that say what it takes to use it:
       d(l) += int32(a(l,k)) * int32(b(l,k))
     }
 
+A warp-level instruction (Tensor Cores' mma.sync, feature `tensor_cores`) has a `cuda`
+form and, per operand, the fragment layout: `# layout-a: 8: <formula>` says each of a
+warp's 32 threads holds 8 elements of `a`, element {e} of thread {lane} at the place
+<formula> (C integer arithmetic) of `a` flattened row-major; loading checks that the
+threads hold every element exactly once.
+
 An instruction either reads its accumulator (vpdpbusd: `d(l) = acc(l)` before the
 reduction, `acc` an operand) or only computes the reduction (vpmaddwd: `d(l) +=! ...`,
 no accumulator operand); then whoever runs it aggregates its result into the
