@@ -196,6 +196,9 @@ class Lowering:
         if blk.schedule.tensorize is not None:
             from polytile.loops import tensorize
             return tensorize.lower_block(self, blk, outer)
+        if blk.schedule.mma is not None:
+            from polytile.loops import warp_mma
+            return warp_mma.lower_block(self, blk, outer)
         if blk.schedule.stage is not None:
             from polytile.loops import gpu_tile
             return gpu_tile.lower_block(self, blk, outer)

@@ -44,7 +44,8 @@ def test_operands_in_the_other_order_still_match() -> None:
 
 @pytest.mark.parametrize("source, wanted", [
     ("def mm(int8(M,K) A, int8(K,N) B) -> (C) {\n  C(m,n) +=! int32(A(m,k)) * int32(B(k,n))\n}",
-     {"sdot_neon", "vpmaddwd_256", "vpmaddwd_512"}),      # s8 widens to s16 exactly
+     {"sdot_neon", "vpmaddwd_256", "vpmaddwd_512",        # s8 widens to s16 exactly
+      "mma_s8_m16n8k32"}),
     (("def mm(uint8(M,K) A, int16(K,N) B) -> (C) {\n"
       "  C(m,n) +=! int32(A(m,k)) * int32(B(k,n))\n}"), {"vpmaddwd_256", "vpmaddwd_512"}),
     (("def mm(uint16(M,K) A, int16(K,N) B) -> (C) {\n"     # u16 does not fit in s16
@@ -59,7 +60,7 @@ def test_operands_in_the_other_order_still_match() -> None:
     (("def mm(int16(M,K) A, int16(K,N) B) -> (C) {\n"
       "  C(m,n) +=! int32(A(m,k)) * int32(B(k,n))\n}"), {"vpmaddwd_256", "vpmaddwd_512"}),
     (("def mm(bfloat16(M,K) A, bfloat16(K,N) B) -> (C) {\n"
-      "  C(m,n) +=! float(A(m,k)) * float(B(k,n))\n}"), {"vdpbf16ps_512"}),
+      "  C(m,n) +=! float(A(m,k)) * float(B(k,n))\n}"), {"vdpbf16ps_512", "mma_bf16_m16n8k16"}),
     ("def mm(float(M,K) A, float(K,N) B) -> (C) {\n  C(m,n) +=! A(m,k) * B(k,n)\n}", set()),
     (("def mm(uint8(M,K) A, int8(K,N) B) -> (C) {\n"
       "  C(m,n) +=! int32(A(m,k)) + int32(B(k,n))\n}"), set()),      # a sum is no product
