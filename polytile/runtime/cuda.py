@@ -19,13 +19,15 @@ import re
 import threading
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from polytile.errors import BuildError, KernelError, UnsupportedError
 
 _ARCH = re.compile(r"sm_(\d+)(\d)")
 _LOG_LINE = re.compile(r"^(?P<file>[^()\s]+)\((?P<line>\d+)\): (?P<what>(?:catastrophic )?error)")
 _QUOTED = 5
+T = TypeVar("T")
 
 
 def _nvrtc() -> Any:
@@ -58,6 +60,34 @@ def compile_cubin(source: str, options: tuple[str, ...], name: str = "kernel.cu"
     """`source` compiled by NVRTC with `options` (`--gpu-architecture=sm_90` makes a
     CUBIN): the CUBIN and NVRTC's log (warnings). A failure is a BuildError that quotes
     each error with the generated line it points at."""
+    def cubin(nvrtc: Any, program: Any, log: str) -> tuple[bytes, str]:
+        err, size = nvrtc.nvrtcGetCUBINSize(program)
+        if err != nvrtc.nvrtcResult.NVRTC_SUCCESS or size == 0:
+            raise BuildError("NVRTC made no CUBIN (is the architecture a real one, e.g. "
+                             f"sm_90, not compute_90?): options {' '.join(options)}",
+                             source, log)
+        binary = b" " * size
+        nvrtc.nvrtcGetCUBIN(program, binary)
+        return binary, log
+    return _compile(source, options, name, cubin)
+
+
+def compile_ptx(source: str, options: tuple[str, ...], name: str = "kernel.cu") -> str:
+    """`source` compiled by NVRTC to PTX, for a virtual architecture
+    (`--gpu-architecture=compute_90`): what the CUBIN's instructions come from, as text
+    (e.g. to see that a kernel uses `mma.sync`). Failures as in `compile_cubin`."""
+    def ptx(nvrtc: Any, program: Any, log: str) -> str:
+        _, size = nvrtc.nvrtcGetPTXSize(program)
+        text = b" " * size
+        nvrtc.nvrtcGetPTX(program, text)
+        return text.rstrip(b"\x00 ").decode()
+    return _compile(source, options, name, ptx)
+
+
+def _compile(source: str, options: tuple[str, ...], name: str,
+             take: Callable[[Any, Any, str], T]) -> T:
+    """Compile `source` with NVRTC and `take` what is wanted from the program (given
+    NVRTC, the program and its log); the program is destroyed afterwards."""
     problem = nvrtc_problem()
     if problem:
         raise UnsupportedError(f"compiling CUDA needs {problem}",
@@ -79,43 +109,7 @@ def compile_cubin(source: str, options: tuple[str, ...], name: str = "kernel.cu"
                              hint="the whole source is in BuildError.source_code and NVRTC's "
                                   "log in BuildError.compiler_output; `polytile show FILE.tc "
                                   "--stage cuda --target cuda-sm90 --sizes ...` prints it")
-        err, size = nvrtc.nvrtcGetCUBINSize(program)
-        if err != ok or size == 0:
-            raise BuildError("NVRTC made no CUBIN (is the architecture a real one, e.g. "
-                             f"sm_90, not compute_90?): options {' '.join(options)}",
-                             source, log)
-        cubin = b" " * size
-        nvrtc.nvrtcGetCUBIN(program, cubin)
-        return cubin, log
-    finally:
-        nvrtc.nvrtcDestroyProgram(program)
-
-
-def compile_ptx(source: str, options: tuple[str, ...], name: str = "kernel.cu") -> str:
-    """`source` compiled by NVRTC to PTX, for a virtual architecture
-    (`--gpu-architecture=compute_90`): what the CUBIN's instructions come from, as text
-    (e.g. to see that a kernel uses `mma.sync`). Failures as in `compile_cubin`."""
-    problem = nvrtc_problem()
-    if problem:
-        raise UnsupportedError(f"compiling CUDA needs {problem}")
-    nvrtc = _nvrtc()
-    ok = nvrtc.nvrtcResult.NVRTC_SUCCESS
-    err, program = nvrtc.nvrtcCreateProgram(source.encode(), name.encode(), 0, [], [])
-    if err != ok:
-        raise BuildError(f"NVRTC could not take the generated source ({err.name})", source)
-    try:
-        encoded = [o.encode() for o in options]
-        (result,) = nvrtc.nvrtcCompileProgram(program, len(encoded), encoded)
-        err, size = nvrtc.nvrtcGetProgramLogSize(program)
-        log_bytes = b" " * size
-        nvrtc.nvrtcGetProgramLog(program, log_bytes)
-        log = log_bytes.rstrip(b"\x00 ").decode(errors="replace").strip()
-        if result != ok:
-            raise BuildError(_failure_message(result.name, log, source), source, log)
-        err, size = nvrtc.nvrtcGetPTXSize(program)
-        ptx = b" " * size
-        nvrtc.nvrtcGetPTX(program, ptx)
-        return ptx.rstrip(b"\x00 ").decode()
+        return take(nvrtc, program, log)
     finally:
         nvrtc.nvrtcDestroyProgram(program)
 
