@@ -113,13 +113,10 @@ def _two(u_ref: str = "out U <- U[i] float32(1:1)", u_size: int = 6,
     return fn
 
 
-def test_a_local_born_after_the_last_use_of_another_takes_its_buffer() -> None:
-    # T's last use is block b, where U is born: they overlap, so they stay apart...
-    fn = _two()
-    assert _locals(scratch(fn, GENERIC, {}).body) == ["T", "U"]
-    # ...but a third local born after b takes T's buffer.
-    text = format_function(fn).replace("none U[0] float32(6:1)",
-                                       "none U[0] float32(6:1)\n    none V[0] float32(6:1)")
+def _three(v_size: int = 6) -> N.Function:
+    """_two with a third local V (of `v_size` elements) born after b: V = U, Y = V."""
+    text = format_function(_two()).replace(
+        "none U[0] float32(6:1)", f"none U[0] float32(6:1)\n    none V[0] float32({v_size}:1)")
     text = text.replace("    block c [i:6] (\n      in U <- U[i] float32(1:1)\n",
                         "    block v [i:6] (\n      in U <- U[i] float32(1:1)\n"
                         "      out V <- V[i] float32(1:1)\n    ) {\n      $u = load(U)\n"
@@ -127,8 +124,17 @@ def test_a_local_born_after_the_last_use_of_another_takes_its_buffer() -> None:
                         "    block c [i:6] (\n      in V <- V[i] float32(1:1)\n")
     text = text.replace("      $u = load(U)\n      Y = store($u)", "      $v = load(V)\n"
                         "      Y = store($v)")
-    three = parse_function(text)
-    verify(three)
+    fn = parse_function(text)
+    verify(fn)
+    return fn
+
+
+def test_a_local_born_after_the_last_use_of_another_takes_its_buffer() -> None:
+    # T's last use is block b, where U is born: they overlap, so they stay apart...
+    fn = _two()
+    assert _locals(scratch(fn, GENERIC, {}).body) == ["T", "U"]
+    # ...but a third local born after b takes T's buffer.
+    three = _three()
     after = scratch(three, GENERIC, {})
     verify(after)
     assert _locals(after.body) == ["T", "U"]
@@ -158,18 +164,7 @@ def test_a_local_that_is_read_before_it_is_written_keeps_its_own_buffer() -> Non
 
 
 def test_locals_of_other_shapes_stay_apart() -> None:
-    text = format_function(_two()).replace(
-        "none U[0] float32(6:1)", "none U[0] float32(6:1)\n    none V[0] float32(7:1)")
-    text = text.replace("    block c [i:6] (\n      in U <- U[i] float32(1:1)\n",
-                        "    block v [i:6] (\n      in U <- U[i] float32(1:1)\n"
-                        "      out V <- V[i] float32(1:1)\n    ) {\n      $u = load(U)\n"
-                        "      V = store($u)\n    }\n"
-                        "    block c [i:6] (\n      in V <- V[i] float32(1:1)\n")
-    text = text.replace("      $u = load(U)\n      Y = store($u)", "      $v = load(V)\n"
-                        "      Y = store($v)")
-    fn = parse_function(text)
-    verify(fn)
-    assert _locals(scratch(fn, GENERIC, {}).body) == ["T", "U", "V"]
+    assert _locals(scratch(_three(v_size=7), GENERIC, {}).body) == ["T", "U", "V"]
 
 
 # Hypothesis: chains of row ops over (N, D) temporaries and row statistics, compiled
