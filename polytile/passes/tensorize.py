@@ -94,7 +94,7 @@ def _tensorized(block: N.Block, usable: list[Description], target: Target) -> N.
             broadcast, packed = views[first], views[second]
             if m.broadcast != (first,):
                 continue
-            if layable(block, lane, red, broadcast, packed) and _one_reduction(block, red):
+            if layable(block, lane, red, broadcast, packed):
                 rows = max(1, min(ROWS, (target.vector_registers - 2) // CHAINS))
                 return _record(block, N.Tensorized(d.name, lane, red, rows, CHAINS))
     return block
@@ -103,23 +103,22 @@ def _tensorized(block: N.Block, usable: list[Description], target: Target) -> N.
 def layable(block: N.Block, lane: str, red: str, broadcast: str, packed: str) -> bool:
     """Whether the lowering can lay the operands out (see the module docstring)."""
     out = output(block)
-    return (out is not None and _unit(out, lane) and _unit(block.ref(broadcast), red)
-            and _plain(block.ref(packed), {lane, red}))
+    if out is None:
+        return False
+    # the other reductions loop around the groups; an index of one iteration is 0
+    others = set(other_reductions(block, red)) | {i.name for i in block.idxs if i.range == 1}
+    return (unit_dim(out, lane) is not None and unit_dim(block.ref(broadcast), red) is not None
+            and not (uses(block.ref(broadcast)) & {lane})
+            and _plain(block.ref(packed), {lane, red} | others))
 
 
-def _one_reduction(block: N.Block, red: str) -> bool:
-    """The instruction's groups are the block's only reduction (the lowering loops no
-    other one yet)."""
+def other_reductions(block: N.Block, red: str) -> list[str]:
+    """The block's reduction loops besides the instruction's groups (a convolution's
+    window: r, s), in block order; the lowering loops them around the groups."""
     out = output(block)
     written = uses(out) if out is not None else set()
-    return all(i.name in written or i.name == red or i.range == 1
-               for i in block.idxs if i.affine is None)
-
-
-def _unit(ref: N.Refinement, index: str) -> bool:
-    """`index` moves `ref` by one element: alone, coefficient 1, in a dimension of stride 1."""
-    d = unit_dim(ref, index)
-    return d is not None and ref.shape.dims[d].stride == 1
+    return [i.name for i in block.idxs if i.affine is None and i.range > 1
+            and i.name not in written and i.name != red]
 
 
 def _plain(ref: N.Refinement, indices: set[str]) -> bool:
