@@ -12,7 +12,8 @@ whose accumulator has L lanes and whose two operands hold G values per lane.
     for panels of 32 rows of m (threads, if the schedule says so; else one panel):
      for blocks of 256 lanes of n (a block of Bp stays in L2 while the panel's rows pass):
       for 4 rows of the panel at a time (the schedule's rows; the rows left over after
-                                         the last whole tile follow, one at a time):
+                                         the last whole tile follow as one narrower tile,
+                                         or one row per thread if they are all there is):
         for 4 chunks of 16 lanes at a time (the schedule's chains; then single chunks,
                                             then a masked tail):
           acc[i][j] = C[m_i, n0_j : n0_j + 16]
@@ -32,10 +33,26 @@ widened broadcast operand is packed too, Ap[(row * groups + g) * G + t] = A[row,
 (zeros past K), so that a row's group is still one word broadcast.
 
 The rows x chains accumulators (chosen by pass `tensorize` from the target's vector
-registers) hide the instruction's latency. Other output loops are looped outside (other
-reduction loops are not lowered yet: pass `tensorize` leaves such blocks alone). The
+registers) hide the instruction's latency. Other output loops are looped outside. The
 block (COLUMNS) is a constant of this lowering, not yet a schedule field. The interpreter runs the instruction's
 TC description, so the loops are checked like any others.
+
+A convolution (UNIT §IV-B, Fig. 5) is the same nest with three more things:
+
+    block s0 [n, k, h, o, c, r, s] schedule(tensorize(vpmaddwd_256, k, c, 3, 4)) (
+      out y[n, k, h, o]:add   in x[n, c, h + r, o + s] uint8   in w[k, c, r, s] int8 )
+
+->  Wp[(((s * windows + w) * groups + g) * W + l) * G + t] = w[W*s + l, G*g + t, r, s_]
+         at window position w = (r, s_) row-major: KCRS -> K/W, RS, C/G, W, G (the
+         other reductions, the window, are outer to the groups in each strip);
+    Xp[((n * H + h) * W + o) * groups + g) * G + t] = x[n, G*g + t, h, o]: the broadcast
+         operand by its own dimensions with the groups' dimension innermost, NCHW ->
+         NHW[G]c, zeros past C (packed when widened or its groups are not contiguous);
+         a row reads Xp at its own subscripts (h + r, 2*o + s for a stride 2, one more
+         for a conv3d): no case is special;
+    for n, h (outer output loops), tiles of rows along o and lanes along k as above:
+      the tile's y elements copied into a stack buffer (y's lanes are K apart: NKHW),
+      for r, s: for g: the same step; then copied back.
 """
 from __future__ import annotations
 
@@ -358,10 +375,15 @@ def lower_block(low: Lowering, blk: Block, outer: Scope) -> list[L.Stmt]:
         elif many:
             nest += over_columns(rows_of(Affine.constant(0), Affine.constant(many), t.rows,
                                          "serial"))
-        if loops[last] % t.rows:
-            # fewer rows than a tile: in threads only if they are all there is
+        left = loops[last] % t.rows
+        if left:
+            # the rows left over: one narrower tile (a convolution's 14-wide rows are
+            # 4 tiles of 3 and one of 2), but in threads, one row each, if they are all
+            # there is
+            alone = threads and not many
             nest += over_columns(rows_of(Affine.constant(many), Affine.constant(loops[last]),
-                                         1, "parallel" if threads and not many else "serial"))
+                                         1 if alone else left,
+                                         "parallel" if alone else "serial"))
     for name in reversed(par[:-1]):
         kind = "parallel" if blk.schedule.parallel == name else "serial"
         nest = [L.Loop(outer_vars[name], Affine.constant(0), Affine.constant(loops[name]),
