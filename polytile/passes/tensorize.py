@@ -2,16 +2,29 @@
 
 For every top-level contraction, the inspector (polytile.isa.inspect) lists the
 mappings of each instruction the target has; this pass takes the first mapping of a
-lane-dot instruction (one lane loop, one reduction loop: vpdpbusd, vdpbf16ps, and
+lane-dot instruction (one lane loop, one reduction loop of its own: vpdpbusd, vdpbf16ps, and
 vpmaddwd, which has no accumulator operand: its result is added to the accumulator) that
 the lowering (polytile.loops.tensorize) can lay out; instructions that do more products
 per instruction come first (vpdpbusd's 32 or 64 before vpmaddwd's 16 or 32), so an AVX2
 host without AVX-VNNI runs a u8 x s8 matmul on vpmaddwd, its operands widened to int16:
 
-* the output is unit-stride along the lane loop (an accumulator is stored whole);
-* the broadcast operand is unit-stride along the reduction loop (a group is one load);
-* the other operand reads plain subscripts of the lane and reduction loops and nothing
-  else (it is packed once per call into groups of lanes).
+* the output has one subscript that is the lane loop alone (where it is unit-stride an
+  accumulator is stored whole; elsewhere, a convolution's NKHW, the lowering stages
+  each tile through a stack buffer);
+* the broadcast operand has one subscript that is the reduction loop alone and reads no
+  lane (where it is not unit-stride or is widened, it is packed once per call with the
+  groups innermost: a convolution's NCHW input as NHW[G]c);
+* the other operand reads plain subscripts of the lane and reduction loops and the other
+  reduction loops (a convolution's window) and nothing else (it is packed once per call
+  into groups of lanes, per window position).
+
+The other reduction loops stay reductions around the instruction (UNIT §IV-B: only the
+instruction's loops are tiled innermost):
+
+    block s0 [n:1, k:K, h:OH, o:OW, c:C, r:R, s:S] #contraction #kernel (
+      out y <- y[n, k, h, o] int32:add                   ->  #tensorized schedule(
+      in x <- x[n, c, h + r, o + s] uint8                      parallel(h),
+      in w <- w[k, c, r, s] int8 )                             tensorize(vpmaddwd_256, k, c, 3, 4))
 
 It records `schedule(tensorize(instruction, lane, reduction, rows, chains))` and tags
 the block `tensorized` instead of `kernel`/`contraction`, so the later passes leave it

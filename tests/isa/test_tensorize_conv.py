@@ -139,6 +139,30 @@ def test_a_window_read_through_a_sum_of_its_indices_is_left_to_the_vector_code()
     np.testing.assert_array_equal(buffers["o0"], want.astype(np.int32))
 
 
+def test_grouped_and_depthwise_convs_are_left_alone_and_exact() -> None:
+    """A depthwise conv's input depends on the lanes (no operand is broadcast), a grouped
+    conv's weights on the group (an output loop besides the lanes): no layable mapping."""
+    depthwise = ("def dw(uint8(N,C,H,W) x, int8(C,R,S) w) -> (y) {\n"
+                 "  y(n,c,h,o) +=! int32(x(n,c,h+r,o+s)) * int32(w(c,r,s))\n}")
+    grouped = ("def gc(uint8(N,G,C,H,W) x, int8(G,K,C,R,S) w) -> (y) {\n"
+               "  y(n,g,k,h,o) +=! int32(x(n,g,c,h+r,o+s)) * int32(w(g,k,c,r,s))\n}")
+    x, w = inputs(4, (1, 16, 6, 7), (16, 3, 3))
+    fn = ir(depthwise, AVX2_ONLY, x=x.shape, w=w.shape)
+    assert schedules(fn) == []
+    want = np.concatenate([reference(x[:, c:c + 1], w[c:c + 1, None]) for c in range(16)],
+                          axis=1)
+    buffers = {"p0": x, "p1": w, "o0": np.zeros(want.shape, np.int32)}
+    interp.run(fn, buffers, lower(fn))
+    np.testing.assert_array_equal(buffers["o0"], want)
+    x, w = inputs(5, (1, 2, 4, 5, 5), (2, 8, 4, 3, 3))
+    fn = ir(grouped, AVX2_ONLY, x=x.shape, w=w.shape)
+    assert schedules(fn) == []
+    want = np.stack([reference(x[:, g], w[g]) for g in range(2)], axis=1)
+    buffers = {"p0": x, "p1": w, "o0": np.zeros(want.shape, np.int32)}
+    interp.run(fn, buffers, lower(fn))
+    np.testing.assert_array_equal(buffers["o0"], want)
+
+
 # ---------------------------------------------------------------- compiled on this host
 
 CONV2D = [  # (x, w, stride)
