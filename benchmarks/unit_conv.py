@@ -6,7 +6,7 @@ markdown table of medians, GOP/s and ratios, their geomeans, the instruction the
 kernels run on and the load average.
 
     OMP_NUM_THREADS=1 python benchmarks/unit_conv.py --cpu-time
-    OMP_NUM_THREADS=2 python benchmarks/unit_conv.py --threads 2
+    OMP_NUM_THREADS=2 python benchmarks/unit_conv.py --threads 2 [--stat min]
     python benchmarks/unit_conv.py --layers 1,5,15 --rounds 5
 
 Two torch baselines: `torch.ops.quantized.conv2d` with the weight prepacked once before
@@ -47,6 +47,9 @@ parser.add_argument("--cpu-time", action="store_true")
 parser.add_argument("--threads", type=int, default=1)
 parser.add_argument("--rounds", type=int, default=3)
 parser.add_argument("--layers", default="", help="comma-separated 1-based layer numbers")
+parser.add_argument("--stat", choices=("median", "min"), default="median",
+                    help="of each kernel's calls (min: the fastest, the least preempted one "
+                         "on a loaded host)")
 args = parser.parse_args()
 clock = time.process_time if args.cpu_time else time.perf_counter
 torch.set_num_threads(args.threads)
@@ -110,14 +113,16 @@ def measure(number: int) -> tuple:  # type: ignore[type-arg]
             times[name] += timed(f)
     ops = 2 * k * c * rs * rs * got.shape[2] * got.shape[3]
     return (number, c, hw, k, rs, stride, ops,
-            {name: statistics.median(v) for name, v in times.items()})
+            {name: (min(v) if args.stat == "min" else statistics.median(v))
+             for name, v in times.items()})
 
 
 load = os.getloadavg()
 rows = [measure(number) for number in layers]
 after = os.getloadavg()
 print(f"threads: {args.threads} (OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}), "
-      f"clock: {'process CPU time' if args.cpu_time else 'wall'}; int8 kernels: "
+      f"clock: {'process CPU time' if args.cpu_time else 'wall'}, {args.stat} of "
+      f"{7 * args.rounds} calls; int8 kernels: "
       f"{', '.join(sorted(used)) or 'scalar'}; load average before "
       f"{load[0]:.2f} {load[1]:.2f} {load[2]:.2f}, after {after[0]:.2f} {after[1]:.2f} {after[2]:.2f}")
 names = list(rows[0][7])
