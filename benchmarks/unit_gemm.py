@@ -1,12 +1,14 @@
 """UNIT's GEMM rows (issue 14): int8 and bf16 1024^3 through polytile (tensorized: vpdpbusd
 where the host has VNNI, vpmaddwd on operands widened to int16 on an AVX2 host without
-it; vdpbf16ps where it has AVX-512 BF16) against torch._int_mm, torch's bf16 matmul and
-polytile's fp32 GEMM, in one process, in blocks of 7 calls per kernel (after a warm-up
-call), three rounds; prints a markdown table of medians and GOP/s, the int8/fp32 ratio of
-the same run, the instruction the int8 kernel runs on and the load average.
+it; vdpbf16ps where it has AVX-512 BF16, else the fp32 FMA micro-kernel on operands
+widened to fp32 when packed) against torch._int_mm, torch's bf16 matmul and polytile's
+fp32 GEMM, in one process, in blocks of 7 calls per kernel (after a warm-up call), three
+rounds; prints a markdown table of medians and GOP/s, the int8/fp32 and bf16/fp32 ratios
+of the same run, the instruction the int8 and bf16 kernels run on and the load average.
 
     python benchmarks/unit_gemm.py [--cpu-time] [--only polytile] [--rounds 3]
     OMP_NUM_THREADS=1 python benchmarks/unit_gemm.py --cpu-time --only "int8 (u8,polytile fp32"
+    OMP_NUM_THREADS=1 python benchmarks/unit_gemm.py --cpu-time --only "polytile fp32,polytile bf16"
 
 Blocks, not call-by-call alternation: OpenMP's threads spin for a while after a parallel
 loop, and interleaving them with torch's pool call by call doubled both sides' times.
@@ -48,6 +50,13 @@ Ab, Bb = Af.astype(ml_dtypes.bfloat16), Bf.astype(ml_dtypes.bfloat16)
 assert np.array_equal(i8(A, B), (A.astype(np.int64) @ B.astype(np.int64)).astype(np.int32))
 (kernel,) = i8._kernels.values()
 used = sorted(set(re.findall(r"_mm\d*_(?:madd_epi16|dpbusd\w*|dpbf16_ps)", kernel.source_path.read_text())))
+Ab1 = rng.standard_normal((64, 64), dtype=np.float32).astype(ml_dtypes.bfloat16)
+bf(Ab1, Ab1.T.copy())       # a small call names the bf16 path (the large one's C is the same kind)
+bf_text = "\n".join(k.source_path.read_text() for k in bf._kernels.values())
+bf_ir = "\n".join((k.source_path.parent / "stage-ir.txt").read_text() for k in bf._kernels.values())
+bf_used = ("vdpbf16ps" if "_mm512_dpbf16_ps" in bf_text else
+           "fp32 FMA on operands widened when packed" if re.search(r"cast\(\$x\) : float32", bf_ir)
+           else "not tensorized, not widened")
 # torch._int_mm takes s8 x s8: the same bytes, A shifted into the signed range
 At, Bt = torch.from_numpy((A.astype(np.int16) - 128).astype(np.int8)), torch.from_numpy(B)
 Atb, Btb = torch.from_numpy(Af).to(torch.bfloat16), torch.from_numpy(Bf).to(torch.bfloat16)
@@ -65,6 +74,7 @@ for _ in range(args.rounds):       # blocks: one runtime's threads at a time
             s = clock(); f(); times[k].append(clock() - s)
 print(f"threads: OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}, clock: "
       f"{'process CPU time' if args.cpu_time else 'wall'}; int8 kernel: {', '.join(used) or 'scalar'}; "
+      f"bf16 kernel: {bf_used}; "
       f"load average before {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}, after "
       + " ".join(f"{x:.2f}" for x in os.getloadavg()))
 print("| kernel | ms | GOP/s |\n| --- | ---: | ---: |")
@@ -74,3 +84,6 @@ for k, m in medians.items():
 int8, fp32 = "polytile int8 (u8 x s8 -> s32)", "polytile fp32"
 if int8 in medians and fp32 in medians:
     print(f"\npolytile int8 GOP/s / polytile fp32 GFLOP/s: {medians[fp32] / medians[int8]:.2f}x")
+bf16 = "polytile bf16 -> fp32"
+if bf16 in medians and fp32 in medians:
+    print(f"\npolytile bf16 GFLOP/s / polytile fp32 GFLOP/s: {medians[fp32] / medians[bf16]:.2f}x")

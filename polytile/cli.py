@@ -21,9 +21,13 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from polytile.deep import call_deep
 from polytile.errors import PolytileError
+
+if TYPE_CHECKING:
+    from polytile.isa import Description
 
 
 def _sizes(text: str) -> dict[str, int]:
@@ -197,7 +201,7 @@ def cmd_targets(args: argparse.Namespace) -> int:
         needs = {"opencl": "an OpenCL device", "cuda": "NVRTC; a GPU to run"}
         rows.append((t.name, t.backend, f"{t.vector_bytes * 8} bit",
                      ",".join(t.requires) or needs.get(t.backend, "-"),
-                     ",".join(t.optional) or "-", runs))
+                     ",".join(t.optional + t.provides) or "-", runs))
     _print_table(rows)
     return 0
 
@@ -213,11 +217,22 @@ def cmd_instructions(args: argparse.Namespace) -> int:
     for d in descriptions():
         ins = ", ".join(str(t) for t in d.definition.inputs)
         outs = ", ".join(str(t) for t in d.definition.outputs)
-        targets = [t.name for t in shipped_targets() if d.feature in t.requires + t.optional]
+        targets = [t.name for t in shipped_targets()
+                   if d.feature in t.requires + t.optional + t.provides]
         rows.append((d.name, d.feature, f"{ins} -> {outs}", ",".join(targets) or "-",
-                     "yes" if d.feature in host else "no"))
+                     _runs_here(d, host)))
     _print_table(rows)
     return 0
+
+
+def _runs_here(d: Description, host: frozenset[str]) -> str:
+    """Whether this host runs a description: a CPU feature it has, or, for a warp-level
+    (GPU) instruction, a CUDA device."""
+    if not d.definition.warp:
+        return "yes" if d.feature in host else "no"
+    from polytile.runtime.cuda import device_problem
+    problem = device_problem()
+    return f"no ({problem.split(' (')[0]})" if problem else "yes"
 
 
 def _matched_instructions(args: argparse.Namespace) -> int:

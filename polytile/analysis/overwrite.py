@@ -43,15 +43,20 @@ from polytile.ir.polyhedra import (READ, WRITE, Conj, Scope, between, element_va
                                    to_set)
 
 
-def overwritten_first(body: Block, dirs: tuple[str, ...] = ("none",)) -> frozenset[str]:
+def overwritten_first(body: Block, dirs: tuple[str, ...] = ("none",),
+                      nested: bool = False) -> frozenset[str]:
     """The top-level buffers of `body` with a direction in `dirs` (locals are "none",
-    outputs "out" or "inout") whose every element is first touched by a write with `assign`."""
+    outputs "out" or "inout") whose every element is first touched by a write with `assign`.
+    `nested`: `body` is a block inside the function (a fused row loop) and the buffers
+    are its private locals, allocated anew in each of its iterations; then the answer
+    holds in every iteration, whatever the indices passed in from outside."""
     names = [r.into for r in body.refs if not r.from_ and r.dir in dirs]
-    return frozenset(name for name in names if _overwritten_first(body, name))
+    root = Scope.detached(body) if nested else Scope.root(body)
+    return frozenset(name for name in names if _overwritten_first(root, name))
 
 
-def _overwritten_first(body: Block, name: str) -> bool:
-    root = Scope.root(body)
+def _overwritten_first(root: Scope, name: str) -> bool:
+    body = root.block
     if not _written_first(root, name):
         return False
     if body.ref(name).dir == "none":

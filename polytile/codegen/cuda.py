@@ -62,7 +62,7 @@ CUDA = Dialect(
     address="", restrict="__restrict__", int64="int64_t",
     group_id="blockIdx.{axis}", local_id="threadIdx.{axis}", shared="__shared__",
     barrier=(("shared", "__syncthreads();"), ("global", "__syncthreads();")),
-    units=("blocks", "threads"))
+    units=("blocks", "threads"), form="cuda")
 
 
 def print_cuda(kernel: L.Kernel) -> GPUSource:

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from polytile.codegen import cexpr, cprelude
+from polytile.codegen import cexpr, cprelude, warp
 from polytile.codegen.c import _comment, _indent, _Printer, _Target
 from polytile.errors import UnsupportedError
 from polytile.loops import nodes as L
@@ -53,6 +53,7 @@ class Dialect:
     shared: str             # qualifier of the group's shared arrays
     barrier: tuple[tuple[str, str], ...]    # (memory space, statement) of a Barrier
     units: tuple[str, str]  # what the comments call groups and threads
+    form: str = ""          # the key of a warp-level instruction's template ("cuda")
 
 
 @dataclass(frozen=True)
@@ -110,6 +111,8 @@ class _KernelPrinter(_Printer):
     def stmt(self, st: L.Stmt, fail: _Target) -> list[str]:
         if isinstance(st, L.Barrier):
             return [dict(self.dialect.barrier)[st.space]]
+        if warp.is_warp(st):
+            return warp.print_warp(self, st, self.dialect.form, self.dialect.name)
         return super().stmt(st, fail)
 
     def loop(self, st: L.Loop, fail: _Target) -> list[str]:

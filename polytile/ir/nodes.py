@@ -225,6 +225,28 @@ class Tensorized:
 
 
 @dataclass(frozen=True)
+class WarpTiled:
+    """The block runs on a warp-level matrix instruction (Tensor Cores' `mma.sync`,
+    described in polytile/isa): the instruction's M, N and K loops are the block's indices
+    `rows`, `cols` and `reduction` (the inspector's mapping); each warp of a GPU block
+    computes `tiles_m` x `tiles_n` instruction tiles of the output (M x N each: a register
+    tile of accumulator fragments, each operand fragment serving several instructions),
+    a block `warps_m` x `warps_n` warps, with both operands staged through shared memory
+    one K step at a time and zero-filled past the ends (polytile.loops.warp_mma). Other
+    output indices run across the grid's third dimension (the first) and in uniform loops
+    (the rest)."""
+
+    instruction: str
+    rows: str
+    cols: str
+    reduction: str
+    warps_m: int = 2
+    warps_n: int = 2
+    tiles_m: int = 1
+    tiles_n: int = 1
+
+
+@dataclass(frozen=True)
 class Staged:
     """A GPU thread tile's reduction staged through local (shared) memory (TC §5.5): its
     reduction index `index` runs in tiles of `tile` iterations; per tile the work-group
@@ -305,7 +327,9 @@ class BlockSchedule:
       indices whose points each work-item computes (a register tile);
     * across: a GPU reduction shared out over a group's work-items (pass `gpu`; `Across`);
     * stitch: the block's statements are the phases of one parallel region (`Stitched`,
-      set by pass autotile on the blocks pass fuse stitches).
+      set by pass autotile on the blocks pass fuse stitches);
+    * mma: the block runs on a warp-level matrix instruction, a tile per warp (pass
+      `tensor_cores`; `WarpTiled`).
     """
 
     micro: bool = False
@@ -323,6 +347,7 @@ class BlockSchedule:
     stage: Staged | None = None
     across: Across | None = None
     stitch: Stitched | None = None
+    mma: WarpTiled | None = None
 
 
 # The element types whose buffers threads may accumulate privately (BlockSchedule.combine):

@@ -44,6 +44,7 @@ from polytile.ir.nodes import (
     Tensorized,
     TensorShape,
     VectorLoop,
+    WarpTiled,
 )
 from polytile.lang.cursor import TokenCursor
 
@@ -214,14 +215,15 @@ class _Parser(TokenCursor[_Token]):
             return
         if word not in ("parallel", "combine", "vector", "unroll", "order", "transpose",
                         "boundary",
-                        "prefetch", "tensorize", "stage", "across", "stitch", *GPU_KINDS):
+                        "prefetch", "tensorize", "stage", "across", "stitch", "mma",
+                        *GPU_KINDS):
             raise IRError(f"unknown schedule item {word!r}", item.loc,
                           "items: micro, vector(i, dtype, lanes), boundary(remainders|guarded), "
                           "unroll(i, ...), order(i, ...), transpose(width), parallel(i), "
                           "combine(buffer, ...), simd, "
                           "grid(i), thread(i), prefetch(distance), tensorize(instruction, i, k), "
                           "stage(k, tile, A, ..., pad = n), across(k, threads), "
-                          "stitch(for barrier, single, ...)")
+                          "stitch(for barrier, single, ...), mma(instruction, i, j, k, warps, warps, tiles, tiles)")
         self.expect("(")
         if word in ("unroll", "order"):
             fields[word] = self.listed(")", lambda: self.name("an index"))
@@ -274,6 +276,21 @@ class _Parser(TokenCursor[_Token]):
             index = self.name("the reduction index")
             self.expect(",")
             fields["across"] = Across(index, self.integer("the work-items"))
+        elif word == "mma":
+            name = self.name("the instruction")
+            self.expect(",")
+            m_index = self.name("the rows index")
+            self.expect(",")
+            n_index = self.name("the columns index")
+            self.expect(",")
+            k_index = self.name("the reduction index")
+            self.expect(",")
+            counts = [self.integer("the warps along the rows")]
+            for what in ("the warps along the columns", "a warp's tiles along the rows",
+                         "a warp's tiles along the columns"):
+                self.expect(",")
+                counts.append(self.integer(what))
+            fields["mma"] = WarpTiled(name, m_index, n_index, k_index, *counts)
         elif word == "boundary":
             fields["boundary"] = self.name("remainders or guarded")
         else:

@@ -162,6 +162,10 @@ def format_schedule(s: BlockSchedule) -> str:
         items.append(f"stage({s.stage.index}, {s.stage.tile}, {', '.join(s.stage.refs)}{pad})")
     if s.across is not None:
         items.append(f"across({s.across.index}, {s.across.threads})")
+    if s.mma is not None:
+        w = s.mma
+        items.append(f"mma({w.instruction}, {w.rows}, {w.cols}, {w.reduction}, {w.warps_m}, "
+                     f"{w.warps_n}, {w.tiles_m}, {w.tiles_n})")
     if s.stitch is not None:
         phases = (("for" if p.shared else "single") + (" barrier" if p.barrier else "")
                   for p in s.stitch.phases)

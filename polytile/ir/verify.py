@@ -68,6 +68,7 @@ from polytile.ir.nodes import (
     Store,
     Tensorized,
     VectorLoop,
+    WarpTiled,
 )
 from polytile.ir.parser import NAME
 from polytile.ir.polyhedra import READ, WRITE, Conj, Scope
@@ -205,6 +206,28 @@ def _check_tensorize(block: Block, t: Tensorized, path: str) -> None:
                           "does not compute there")
 
 
+def _check_mma(block: Block, w: WarpTiled, path: str) -> None:
+    """The instruction is a described warp-level one and the inspector maps its M, N and K
+    loops onto `rows`, `cols` and `reduction` with both operands read along them; a block
+    of warps fits a CUDA block (1024 threads)."""
+    from polytile.isa import WARP, description
+    from polytile.isa.inspect import mappings
+    d = description(w.instruction)
+    if not d.definition.warp:
+        raise _fail(path, f"mma({w.instruction}, ...) names an instruction that is not "
+                          "warp-level (its description has no fragment layouts)")
+    if not 1 <= w.warps_m * w.warps_n * WARP <= 1024 or min(w.warps_m, w.warps_n) < 1:
+        raise _fail(path, f"mma's {w.warps_m} x {w.warps_n} warps do not fit a block of at "
+                          "most 1024 threads")
+    if min(w.tiles_m, w.tiles_n) < 1:
+        raise _fail(path, f"mma's warp tile {w.tiles_m} x {w.tiles_n} is empty")
+    if not any([p for _, p in m.loops] == [w.rows, w.cols, w.reduction] and not m.broadcast
+               for m in mappings(block, d.name, d.reduction)):
+        raise _fail(path, f"the schedule runs the block on {w.instruction} with M, N, K along "
+                          f"{w.rows}, {w.cols}, {w.reduction}, which the instruction does not "
+                          "compute there")
+
+
 def _check_schedule(block: Block, path: str, target: Target | None) -> None:
     s = block.schedule
     loops = {i.name for i in block.idxs if i.affine is None}
@@ -233,6 +256,8 @@ def _check_schedule(block: Block, path: str, target: Target | None) -> None:
                           "micro-kernel and a data-dependent load in it")
     if s.tensorize is not None:
         _check_tensorize(block, s.tensorize, path)
+    if s.mma is not None:
+        _check_mma(block, s.mma, path)
     for index, kind in s.gpu:
         first = replace(block, idxs=(block.index(index), *(i for i in block.idxs
                                                            if i.name != index)))

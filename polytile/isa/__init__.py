@@ -14,6 +14,12 @@ operands, and comment lines `# key: value` that say what it takes to use it:
       d(l) += int32(a(l,k)) * int32(b(l,k))
     }
 
+A warp-level instruction (Tensor Cores' mma.sync, feature `tensor_cores`) has a `cuda`
+form and, per operand, the fragment layout: `# layout-a: 8: <formula>` says each of a
+warp's 32 threads holds 8 elements of `a`, element {e} of thread {lane} at the place
+<formula> (C integer arithmetic) of `a` flattened row-major; loading checks that the
+threads hold every element exactly once.
+
 An instruction either reads its accumulator (vpdpbusd: `d(l) = acc(l)` before the
 reduction, `acc` an operand) or only computes the reduction (vpmaddwd: `d(l) +=! ...`,
 no accumulator operand); then whoever runs it aggregates its result into the
@@ -45,7 +51,8 @@ from polytile.loops.nodes import VType
 from polytile.sema import program as P
 
 KEYS = ("feature", "cflags", "sizes")
-FORMS = ("c-x86", "c-arm64")        # at least one: the C form for that architecture
+FORMS = ("c-x86", "c-arm64", "cuda")   # at least one: the form for that backend
+WARP = 32                           # threads of a warp, which run a warp-level instruction
 
 
 @dataclass(frozen=True)
@@ -104,10 +111,13 @@ def load_description(text: str, origin: str) -> Description:
     from polytile.sema.specialize import specialize
 
     meta: dict[str, str] = {}
+    layouts: dict[str, tuple[int, str]] = {}
     for line in text.splitlines():
         key, colon, value = line.removeprefix("#").partition(":")
         if line.startswith("#") and colon and key.strip() in KEYS + FORMS:
             meta[key.strip()] = value.strip()
+        elif line.startswith("#") and colon and key.strip().startswith("layout-"):
+            layouts[key.strip().removeprefix("layout-")] = _layout(value, origin)
     missing = [k for k in KEYS if k not in meta] + (
         [] if any(f in meta for f in FORMS) else [" or ".join(FORMS)])
     if missing:
@@ -137,7 +147,11 @@ def load_description(text: str, origin: str) -> Description:
         tc.name, outputs=tuple(VType(dt, math.prod(s)) for s, dt in outs),
         inputs=tuple(VType(dt, math.prod(s)) for s, dt in ins), meaning=meaning,
         forms={f: meta[f] for f in FORMS if f in meta}, feature=meta["feature"],
-        cflags=tuple(meta["cflags"].split()))
+        cflags=tuple(meta["cflags"].split()),
+        names=tuple(p.name for p in tc.fn.params) + tuple(o.name for o in tc.fn.outputs),
+        layouts=layouts)
+    if layouts:
+        _check_layouts(definition, origin)
     return Description(tc.name, meta["feature"], definition.cflags, sizes, text, definition,
                        reduction, tc.fn)
 
@@ -153,6 +167,31 @@ def _sizes(text: str, origin: str) -> tuple[tuple[str, int], ...]:
                           f"not {text!r}") from None
     return tuple(out)
 
+
+
+def _layout(value: str, origin: str) -> tuple[int, str]:
+    count, _, formula = value.partition(":")
+    try:
+        return int(count), formula.strip()
+    except ValueError:
+        raise IRError(f"instruction description {origin}: a layout line reads "
+                      f"'# layout-a: 8: <place of {{lane}}'s element {{e}}>', not {value!r}"
+                      ) from None
+
+
+def _check_layouts(d: InstructionDef, origin: str) -> None:
+    """A warp-level instruction's layouts cover every operand, and each puts every element
+    of its operand in exactly one thread's registers."""
+    types = dict(zip(d.names, d.inputs + d.outputs))
+    if set(d.layouts) != set(d.names):
+        raise IRError(f"instruction description {origin} gives fragment layouts for "
+                      f"{sorted(d.layouts)}, not for its operands {list(d.names)}")
+    for name, (count, _) in d.layouts.items():
+        places = sorted(d.place(name, lane, e) for lane in range(WARP) for e in range(count))
+        if places != list(range(types[name].lanes)):
+            raise IRError(f"instruction description {origin}: the layout of {name} does not "
+                          f"place each of its {types[name].lanes} elements in one thread's "
+                          f"registers")
 
 
 def description(name: str) -> Description:

@@ -37,6 +37,7 @@ import re
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
+from polytile import dtypes
 from polytile.dtypes import DType
 from polytile.errors import IRError
 from polytile.ir import nodes as N
@@ -47,6 +48,14 @@ if TYPE_CHECKING:
     from polytile.sema.specialize import Specialized
 
 COMMUTATIVE = ("add", "mul", "max", "min")
+# Float pairs (narrow, wide) where every value of the narrow is one of the wide: bfloat16
+# is float32's upper half (bits << 16), float16's 5-bit exponent and 10-bit significand
+# (subnormals too) lie inside float32's, float32's inside float64's.
+EXACT_FLOAT_WIDENINGS = frozenset({(dtypes.BFLOAT16, dtypes.FLOAT32),
+                                   (dtypes.FLOAT16, dtypes.FLOAT32),
+                                   (dtypes.BFLOAT16, dtypes.FLOAT64),
+                                   (dtypes.FLOAT16, dtypes.FLOAT64),
+                                   (dtypes.FLOAT32, dtypes.FLOAT64)})
 
 
 @dataclass(frozen=True)
@@ -187,11 +196,15 @@ def _isomorphic(db: N.Block, d: str, pb: N.Block, p: str,
 
 
 def widens(narrow: DType, wide: DType) -> bool:
-    """Whether every value of `narrow` is a value of `wide`: the same dtype, or integers
+    """Whether every value of `narrow` is a value of `wide`: the same dtype, integers
     whose range lies inside the other's (uint8 and int8 in int16, uint16 in int32; not
-    int8 in uint16, nor anything between floats, whose roundings differ)."""
+    int8 in uint16), or a float whose exponent range and significand fit in the other's
+    (bfloat16 and float16 in float32, subnormals included; float32 in float64; not
+    float16 and bfloat16 in each other, nor integers in floats)."""
     if narrow == wide:
         return True
+    if narrow.kind == "f" and wide.kind == "f":
+        return (narrow, wide) in EXACT_FLOAT_WIDENINGS
     if narrow.kind not in "ui" or wide.kind not in "ui":
         return False
     if narrow.kind == "i" and wide.kind == "u":

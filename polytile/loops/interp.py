@@ -14,6 +14,13 @@ by its size (locals). Beyond the C backend's semantics it checks what C cannot:
   that depends on their order shows;
 * a local whose `init` is "" (the lowering proved the body writes it before reading it)
   starts as NaN or a poison integer, so a wrong proof shows;
+* a thread loop whose body has barriers runs its threads in lock-step, the last thread
+  first: each runs up to its next barrier before the next thread starts, so a thread that
+  reads what another wrote without a barrier in between reads a stale or NaN value; each
+  has its own variables and private buffers, and all must reach the same barriers;
+* a warp-level instruction (Tensor Cores) runs on whole tiles: each thread holds every
+  element of a `Fragment` (the description's layout says which a GPU thread holds), and
+  the warp's threads, holding the same tiles, compute the same result (computed once);
 * a parallel region runs as `threads` (default 2) threads taking turns, the last thread
   first: between two barriers each thread runs its part of every phase (its share of a
   workshare loop, split as OpenMP's static schedule splits it; a `Single` is thread 0's)
@@ -22,7 +29,7 @@ by its size (locals). Beyond the C backend's semantics it checks what C cannot:
 """
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -82,6 +89,8 @@ class _Machine:
         self.values: dict[str, np.ndarray] = {}
         self.types: dict[str, L.VType] = {}
         self.ints: dict[str, int] = {}                         # loop variables, int64 values
+        self.barriers: dict[int, bool] = {}                    # id(statement) -> has one
+        self.warp_results: dict[tuple, tuple[np.ndarray, ...]] = {}
 
     def kernel(self, kernel: L.Kernel) -> None:
         self.alloc(kernel.locals)
@@ -154,15 +163,100 @@ class _Machine:
                 del self.memory[b.name]
         elif isinstance(st, L.Instruction):
             self.instruction(st)
+        elif isinstance(st, L.FragmentStore):
+            self.store(L.Store(st.buffer, st.offset, st.value))
         elif not isinstance(st, (L.Comment, L.Prefetch)):
             raise UnsupportedError(f"the loop IR interpreter cannot run {type(st).__name__} "
                                    "nodes here (GPU barriers: issue 15; global barriers "
                                    "only directly in a parallel region)")
 
     def loop(self, st: L.Loop, values: range) -> None:
+        if st.kind == "thread" and self.has_barrier(st.body):
+            self.lockstep(st, values)
+            return
         for v in (reversed(values) if st.kind != "serial" else values):
             self.ints[st.var] = v
             self.stmts(st.body)
+
+    def has_barrier(self, stmts: tuple[L.Stmt, ...]) -> bool:
+        """Whether `stmts` reach a shared barrier (inside serial loops, ifs, allocs)."""
+        found = False
+        for st in stmts:
+            key = id(st)
+            if key not in self.barriers:
+                if isinstance(st, L.Barrier):
+                    self.barriers[key] = st.space == "shared"
+                elif isinstance(st, (L.Loop, L.Alloc)):
+                    self.barriers[key] = self.has_barrier(st.body)
+                elif isinstance(st, L.If):
+                    self.barriers[key] = self.has_barrier(st.then + st.else_)
+                else:
+                    self.barriers[key] = False
+            found = found or self.barriers[key]
+        return found
+
+    def lockstep(self, st: L.Loop, values: range) -> None:
+        """The threads of a group between barriers, one after another, the last first."""
+        saved = (self.memory, self.values, self.types, self.ints)
+        running = []
+        for ints, body in self.group(st, values):
+            context = (dict(self.memory), dict(self.values), dict(self.types), ints)
+            running.append((context, self.steps(body)))
+        try:
+            while running:
+                waiting = []
+                for context, steps in running:
+                    self.memory, self.values, self.types, self.ints = context
+                    if next(steps, None) is not None:
+                        waiting.append((context, steps))
+                if waiting and len(waiting) != len(running):
+                    raise IRError(f"threads of loop {st.var} reach different barriers: some "
+                                  "ended while others wait at one")
+                running = waiting
+        finally:
+            self.memory, self.values, self.types, self.ints = saved
+
+    def group(self, st: L.Loop, values: range) -> list[tuple[dict[str, int], tuple[L.Stmt, ...]]]:
+        """The threads of a group: the iterations of `st` and of the thread loops nested
+        directly in it (one per dimension of the group), last first, each with its loop
+        variables and the body it runs."""
+        threads = []
+        for v in reversed(values):
+            ints = {**self.ints, st.var: v}
+            inner = st.body[0] if len(st.body) == 1 else None
+            if isinstance(inner, L.Loop) and inner.kind == "thread":
+                saved, self.ints = self.ints, ints
+                try:
+                    threads += self.group(inner, range(self.i(inner.lo), self.i(inner.hi),
+                                                       inner.step))
+                finally:
+                    self.ints = saved
+            else:
+                threads.append((ints, st.body))
+        return threads
+
+    def steps(self, stmts: tuple[L.Stmt, ...]) -> Iterator[bool]:
+        """Run `stmts` as one thread, yielding at each shared barrier."""
+        for st in stmts:
+            if isinstance(st, L.Barrier) and st.space == "shared":
+                yield True
+            elif not self.has_barrier((st,)):
+                self.stmt(st)
+            elif isinstance(st, L.Loop) and st.kind == "serial":
+                for v in range(self.i(st.lo), self.i(st.hi), st.step):
+                    self.ints[st.var] = v
+                    yield from self.steps(st.body)
+            elif isinstance(st, L.If):
+                yield from self.steps(st.then if all(self.i(c) >= 0 for c in st.conds)
+                                      else st.else_)
+            elif isinstance(st, L.Alloc):
+                self.alloc(st.buffers)
+                yield from self.steps(st.body)
+                for b in st.buffers:
+                    del self.memory[b.name]
+            else:
+                raise IRError(f"a barrier inside a {st.kind if isinstance(st, L.Loop) else ''} "
+                              f"{type(st).__name__} of a thread loop")
 
     def region(self, st: L.Region) -> None:
         """The threads take turns between barriers, the last thread first."""
@@ -196,7 +290,16 @@ class _Machine:
             if self.types[name] != want:
                 raise IRError(f"instruction {st.name} takes {want}, not {self.types[name]} "
                               f"{name}")
-        results = definition.meaning(*(self.values[n] for n in st.inputs))
+        inputs = [self.values[n] for n in st.inputs]
+        if definition.warp:     # every thread of a warp runs it on the same tiles
+            key = (st.name, *(v.tobytes() for v in inputs))
+            if key not in self.warp_results:
+                if len(self.warp_results) > 256:
+                    self.warp_results.clear()
+                self.warp_results[key] = definition.meaning(*inputs)
+            results = self.warp_results[key]
+        else:
+            results = definition.meaning(*inputs)
         for name, t, value in zip(st.outputs, definition.outputs, results):
             self.types[name] = t
             shape = () if t.lanes == 1 else (t.lanes,)
@@ -255,6 +358,12 @@ class _Machine:
             out = self.values[e.value].copy()
             out[max(0, self.i(e.count)):] = e.fill
             return out
+        if isinstance(e, L.Fragment):
+            if not e.buffer:
+                with np.errstate(all="ignore"):
+                    return np.full(shape, np.asarray(e.fill).astype(dt))
+            storage, span = self.span(e.buffer, e.offset, t.lanes)
+            return storage[span].astype(dt)
         if isinstance(e, L.Shuffle):
             return np.concatenate([self.values[e.a], self.values[e.b]])[list(e.lanes)]
         raise IRError(f"unknown loop IR expression {type(e).__name__}")

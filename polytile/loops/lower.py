@@ -164,10 +164,13 @@ class Lowering:
         body = self.block(top, Scope({}, views, {}, False), root=True)
         return L.Kernel(safe(fn.name), tuple(params), local_buffers, tuple(body))
 
-    def locals(self, refs: list[Refinement], views: dict[str, View],
-               top_level: bool = False) -> tuple[L.Buffer, ...]:
-        """Local buffers (see the module docstring for where they live and how they start)."""
-        overwritten = overwritten_first(self.fn.body) if top_level else frozenset()
+    def locals(self, refs: list[Refinement], views: dict[str, View], top_level: bool = False,
+               owner: Block | None = None) -> tuple[L.Buffer, ...]:
+        """Local buffers (see the module docstring for where they live and how they start);
+        `owner`: the block that allocates them in each of its iterations."""
+        overwritten = (overwritten_first(self.fn.body) if top_level
+                       else overwritten_first(owner, nested=True) if owner is not None and refs
+                       else frozenset())
         buffers = []
         for ref in refs:
             name = self.fresh("l")
@@ -193,6 +196,9 @@ class Lowering:
         if blk.schedule.tensorize is not None:
             from polytile.loops import tensorize
             return tensorize.lower_block(self, blk, outer)
+        if blk.schedule.mma is not None:
+            from polytile.loops import warp_mma
+            return warp_mma.lower_block(self, blk, outer)
         if blk.schedule.stage is not None:
             from polytile.loops import gpu_tile
             return gpu_tile.lower_block(self, blk, outer)
@@ -284,7 +290,7 @@ class Lowering:
     def body(self, blk: Block, scope: Scope, private: list[Refinement]) -> list[L.Stmt]:
         """One iteration: this block's private local buffers, then its statements."""
         views = dict(scope.views)
-        buffers = self.locals(private, views)
+        buffers = self.locals(private, views, owner=blk)
         inner = Scope(scope.idx, views, scope.scalars, scope.parallel)
         lines: list[L.Stmt] = []
         for st in blk.stmts:

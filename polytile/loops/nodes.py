@@ -36,13 +36,16 @@ Semantics (the interpreter, polytile.loops.interp, is the reference):
   all have arrived, and then sees what the others wrote before it). Nothing else: a
   statement every thread would run is not in the loop IR's meaning. Workshare loops and
   `Single`s appear only directly in a region, and regions do not nest.
-* `Instruction` and `Barrier("shared")` are for tensorized instructions (UNIT, issue 14)
-  and GPU backends (issue 15); the C printer and the interpreter refuse them until those
-  give them meaning.
+* `Instruction` runs a tensorized instruction (UNIT) on values. A warp-level one
+  (Tensor Cores: its description has fragment layouts) is run by every thread of a warp
+  together, on `Fragment` values, and `FragmentStore` stores its result.
+* `Barrier("shared")`: in a thread loop, every thread of the group arrives before any
+  goes on, and then sees what the others wrote (GPU backends; the interpreter runs the
+  group's threads in lock-step between barriers; the C printer refuses it).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Union
 
 from polytile.dtypes import DType
@@ -159,7 +162,26 @@ class Shuffle:
     lanes: tuple[int, ...]          # per result lane: k < L takes a[k], else b[k - L]
 
 
-Expr = Union[Lit, Name, IntValue, Read, Op, Broadcast, Combine, Reduce, Mask, Shuffle]
+@dataclass(frozen=True)
+class Fragment:
+    """A warp's tile of operand `operand` (a parameter name of its description) of the
+    warp-level instruction `instruction` (Tensor Cores): as a value, the whole tile,
+    flattened as the description flattens it (what the interpreter holds); on a GPU, each
+    of the warp's 32 threads holds the elements the description's layout gives thread
+    `lane` (an int64 name: the thread's place in its warp). Read from `buffer`, where the
+    tile's elements are consecutive from `offset`; with no buffer, every element is
+    `fill`. Every thread of the warp evaluates it with the same buffer and offset."""
+
+    instruction: str
+    operand: str
+    lane: str
+    buffer: str = ""
+    offset: Affine = field(default_factory=Affine)
+    fill: float = 0
+
+
+Expr = Union[Lit, Name, IntValue, Read, Op, Broadcast, Combine, Reduce, Mask, Shuffle,
+             Fragment]
 
 
 # ---------------------------------------------------------------- statements
@@ -197,6 +219,20 @@ class Store:
     value: str
     agg: str = "assign"
     count: IExpr | None = None
+
+
+@dataclass(frozen=True)
+class FragmentStore:
+    """The warp stores the tile `value` (a `Fragment` of `operand` of `instruction`, or an
+    instruction's result with that operand's layout) to `buffer`, its elements
+    consecutive from `offset`; each thread writes the elements it holds."""
+
+    buffer: str
+    offset: Affine
+    value: str
+    instruction: str
+    operand: str
+    lane: str
 
 
 @dataclass(frozen=True)
@@ -298,7 +334,7 @@ class Instruction:
 
 
 Stmt = Union[Let, Var, Assign, Store, Loop, If, Switch, Check, Alloc, Comment, Prefetch,
-             Barrier, Instruction, Region, Single]
+             Barrier, Instruction, Region, Single, FragmentStore]
 
 
 @dataclass(frozen=True)

@@ -69,6 +69,9 @@ def expr(e: L.Expr) -> str:
         return f"reduce_{e.agg}({e.value})"
     if isinstance(e, L.Mask):
         return f"mask({e.value}, count {iexpr(e.count)}, fill {e.fill!r})"
+    if isinstance(e, L.Fragment):
+        source = (f"{e.buffer}[{e.offset}]" if e.buffer else f"fill {e.fill!r}")
+        return f"fragment {e.instruction}.{e.operand}({source}, lane {e.lane})"
     assert isinstance(e, L.Shuffle)
     return f"shuffle({e.a}, {e.b}, [{', '.join(map(str, e.lanes))}])"
 
@@ -129,6 +132,9 @@ def _stmts(stmts: tuple[L.Stmt, ...], depth: int) -> list[str]:
         elif isinstance(st, L.Single):
             out.append(f"{pad}single:")
             out += _stmts(st.body, depth + 1)
+        elif isinstance(st, L.FragmentStore):
+            out.append(f"{pad}store fragment {st.instruction}.{st.operand} "
+                       f"{st.buffer}[{st.offset}] = {st.value} (lane {st.lane})")
         else:
             assert isinstance(st, L.Instruction)
             out.append(f"{pad}{', '.join(st.outputs)} = instruction {st.name}"

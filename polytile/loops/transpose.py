@@ -91,16 +91,26 @@ def lower_block(low: "Lowering", blk: Block, outer: Scope) -> list[L.Stmt] | Non
     def left(n: str, t: int) -> Affine:       # n - t - 1 >= 0: row t is in range
         return Affine.index(n) - (t + 1)
 
-    tile: list[L.Stmt] = [L.Let(nr, INT64, L.IntValue(L.IMin((
-        Affine.constant(lanes), Affine.index(ni) - Affine.index(i0)))))]
+    # A whole tile moves with plain loads and stores; only the edges are masked (a
+    # masked store is microcoded on AMD's Zen: the panels of a 50-row operand, packed per
+    # row of a batched product, took longer than the product).
+    whole: list[L.Stmt] = [L.Var(r, vtype, L.Read(src_view.ptr, src_view.offset + t * si,
+                                                  lanes)) for t, r in enumerate(rows)]
+    whole += _transpose(low, rows, vtype)
+    whole += [L.Store(dst_view.ptr, dst_view.offset + t * da, r) for t, r in enumerate(rows)]
+    edge: list[L.Stmt] = []
     for t, r in enumerate(rows):
-        tile += [L.Var(r, vtype, L.Lit(0.0)),
+        edge += [L.Var(r, vtype, L.Lit(0.0)),
                  L.If((left(nr, t),), (L.Assign(r, L.Read(
                      src_view.ptr, src_view.offset + t * si, lanes, Affine.index(na))),))]
-    tile += _transpose(low, rows, vtype)
+    edge += _transpose(low, rows, vtype)
     for t, r in enumerate(rows):
-        tile.append(L.If((left(na, t),), (L.Store(dst_view.ptr, dst_view.offset + t * da, r,
+        edge.append(L.If((left(na, t),), (L.Store(dst_view.ptr, dst_view.offset + t * da, r,
                                                    count=Affine.index(nr)),)))
+    tile: list[L.Stmt] = [
+        L.Let(nr, INT64, L.IntValue(L.IMin((
+            Affine.constant(lanes), Affine.index(ni) - Affine.index(i0))))),
+        L.If((Affine.index(nr) - lanes, Affine.index(na) - lanes), tuple(whole), tuple(edge))]
     body: list[L.Stmt] = [
         L.Let(ni, INT64, L.IntValue(count(i))), L.Let(nai, INT64, L.IntValue(count(a))),
         L.Loop(a0, Affine.constant(0), Affine.index(nai), (

@@ -300,7 +300,8 @@ def gpu(fn: N.Function, target: Target, params: dict[str, Any]) -> N.Function:
     sizes = {r.into: r.shape.sizes for r in fn.body.refs}
     stmts = tuple(map_block(s, threads, dims, sizes, tile_k, shared_bytes, unroll,
                             reduce_threads, pad)
-                  if isinstance(s, N.Block) else s for s in fn.body.stmts)
+                  if isinstance(s, N.Block) and s.schedule.mma is None else s
+                  for s in fn.body.stmts)       # pass tensor_cores mapped the others
     return replace(fn, body=replace(fn.body, stmts=stmts))
 
 

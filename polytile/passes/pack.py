@@ -14,7 +14,8 @@ index is innermost, and the kernel reads the copy:
       in p1[n, k] )                                  block s0 [m:M, n:N, k:K] (
                                                        ... in p1 <- p1_packed[k, n] (stride 1 in n) )
 
-Reuse pays when the operand is read at least `min_reuse` times per element; the
+Reuse pays when the operand is read at least `min_reuse` times per element (a fused
+row's copy of its slice, made again in every row, at least `row_min_reuse` times); the
 copy pays when the reduction is short (at most `max_reduction` steps), where a
 dot-product kernel would spend much of its time in horizontal sums.
 
@@ -30,15 +31,31 @@ wait on (both made for the gradients of dense layers, and for any contraction sh
       out o0[m, n]:add                      ->       block s0 [m:M, n:N, k:K] (
       in p0[k, m]                                      ... in p0 <- p0_panels0[0, m, k]
       in p1[k, n] )                                    in p1[k, n] )
+
+A float32 contraction that reads bfloat16 (or float16) operands only through casts to
+float32 (`widened`: a bf16 matmul where no `vdpbf16ps` took it) gets float32 copies of
+them, exact, so the fp32 micro-kernel runs it: the vector operand whatever its reuse,
+the broadcast one with the reduction innermost:
+
+    block s0 [m:M, n:N, k:K] (                       block pack_p0_panels0 [..] #pack ( $x = load(p0)
+      out o0[m, n] float32:add                         $w = cast($x) : float32  p0_panels0 = store($w) )
+      in p0[m, k] bfloat16                  ->       block pack_p1_panels1 [..] #pack ( ..the same.. )
+      in p1[k, n] bfloat16                           block s0 [m:M, n_o:N/16, n:16, k:K] (
+    ) { $c = cast($p0) : float32 ... }                 in p0 <- p0_panels0[0, m, k] float32
+                                                       in p1 <- p1_panels1[n_o, k, n] float32 ) ...
 """
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
+from polytile import dtypes
+from polytile.dtypes import DType
 from polytile.ir import nodes as N
 from polytile.ir.lower import contiguous
+from polytile.isa.inspect import widens
 from polytile.passes.pipeline import count, flag, register
 from polytile.passes.schedule import _is_parallel, panel_index
 from polytile.passes.tile import substitute_local
@@ -61,6 +78,11 @@ PAGE_BYTES = 4096
 # (rows 8000 bytes apart, used 128 times; one thread, Zen 3, load ~5.6): 1.50 -> 1.17
 # and 1.44 -> 1.24 ms median with the copy.
 PAGE_ROWS_MIN_REUSE = 64
+# Reuse below which a fused row's copy of its slice (made again in every row) costs more
+# than the product it feeds gains: the multi-interests scores, 4 x 50 x 64 per row over
+# 256 rows (one thread, Zen 3, CPU time, 300 calls): 559 us median with the per-row
+# panels at reuse 4, 435 us without.
+ROW_MIN_REUSE = 8
 
 
 def scattered_rows(block: N.Block, ref: N.Refinement, d: int, target: Target) -> bool:
@@ -101,6 +123,36 @@ def _plain(ref: N.Refinement, ranges: dict[str, int]) -> bool:
                    for a in ref.access)
 
 
+def widened(block: N.Block, ref: N.Refinement) -> DType:
+    """The dtype a copy of `ref` holds: float32 where `ref` holds a narrower float whose
+    every value is a float32 value (bfloat16, float16: `isa.inspect.widens`) and the block
+    reads it only through casts to float32, so the copy changes no value any op sees,
+    and the block writes float32 (what the vector micro-kernel computes); else `ref`'s
+    own dtype."""
+    dtype = ref.shape.dtype
+    outs = [r for r in block.refs if r.dir in ("out", "inout")]
+    if dtype == dtypes.FLOAT32 or not widens(dtype, dtypes.FLOAT32) \
+            or [r.shape.dtype for r in outs] != [dtypes.FLOAT32]:
+        return dtype
+    loads = {s.into for s in block.stmts if isinstance(s, N.Load) and s.ref == ref.into}
+    readers = [s for s in block.stmts if loads & set(_reads(s))]
+    if loads and readers and all(isinstance(s, N.Intrinsic) and s.op == "cast"
+                                 and s.dtype == dtypes.FLOAT32 for s in readers):
+        return dtypes.FLOAT32
+    return dtype
+
+
+def _reads(st: N.Statement) -> tuple[str | None, ...]:
+    """The scalars a statement of a leaf block reads."""
+    if isinstance(st, (N.Intrinsic, N.Special)):
+        return st.inputs
+    if isinstance(st, N.Store):
+        return (st.value, *st.dynamic)
+    if isinstance(st, N.Load):
+        return (*st.dynamic, st.offset)
+    return ()
+
+
 def _outer_product_index(block: N.Block, lanes: int) -> str | None:
     """The vector index of an outer-product kernel: the parallel index that is its one
     output's unit-stride innermost subscript, at least a vector long; None where the
@@ -138,9 +190,12 @@ def _plan(block: N.Block, top: dict[str, N.Refinement], lanes: int, min_reuse: i
         d = unit_dim(ref, v)
         if d is None or ref.from_ not in top:
             return None
-        if ref.shape.dims[d].stride == 1 and not scattered_rows(block, ref, d, target):
+        # A narrow float is vector-loaded only once widened: copied whatever its reuse.
+        widen = widened(block, ref) != ref.shape.dtype
+        if not widen and ref.shape.dims[d].stride == 1 \
+                and not scattered_rows(block, ref, d, target):
             continue
-        if not _plain(ref, ranges) or _reuse(ref, ranges) < min_reuse:
+        if not _plain(ref, ranges) or (not widen and _reuse(ref, ranges) < min_reuse):
             return None
         packs.append((ref, d))
     return (v, packs) if packs else None
@@ -153,7 +208,11 @@ def _transposes(block: N.Block, top: dict[str, N.Refinement], lanes: int, min_re
     the batch of dY(b, n) * X(b, m), any A^T B): one step of the reduction reads a few
     neighbours of the register tile's index from each row, a new cache line each time,
     and rows a power of two apart share a few sets of L1. Transposed (the reduction
-    innermost), each unrolled value streams along one row, as A(m, k) does in A B."""
+    innermost), each unrolled value streams along one row, as A(m, k) does in A B.
+    A broadcast operand that `widened` makes float32 (A of a bfloat16 matmul) is copied
+    so with the reduction innermost too, whichever way it is read: converted once rather
+    than at each use (in place, the conversions cost a bf16 1024^3 matmul a fifth of its
+    time on Zen 3)."""
     v = _outer_product_index(block, lanes)
     if v is None:
         return []
@@ -168,6 +227,10 @@ def _transposes(block: N.Block, top: dict[str, N.Refinement], lanes: int, min_re
         u = ref.access[inner].names[0] if ref.access[inner].names else None
         reduced = [d for d, a in enumerate(ref.access)
                    if a.names and a.names[0] in ranges and not _is_parallel(block, a.names[0])]
+        if widened(block, ref) != ref.shape.dtype:
+            if len(reduced) == 1 and _reuse(ref, ranges) >= min_reuse:
+                found.append((ref, reduced[0]))
+            continue
         if (u is None or u not in ranges or not _is_parallel(block, u)
                 or ref.shape.dims[inner].stride != 1 or len(reduced) != 1):
             continue
@@ -182,21 +245,46 @@ def pack(fn: N.Function, target: Target, params: dict[str, Any]) -> N.Function:
     if not params.get("enabled", True):
         return fn
     settings = (int(params.get("min_reuse", 4)), int(params.get("max_reduction", 1 << 30)))
-    return replace(fn, body=_pack_members(fn.body, target, settings))
+    row_settings = (int(params.get("row_min_reuse", ROW_MIN_REUSE)), settings[1])
+    return replace(fn, body=_pack_members(fn.body, target, settings, row_settings))
 
 
-def _pack_members(container: N.Block, target: Target, settings: tuple[int, int]) -> N.Block:
+Hoist = Callable[["_Copy", N.Refinement, int], "str | None"]
+
+
+def _pack_members(container: N.Block, target: Target, settings: tuple[int, int],
+                  row_settings: tuple[int, int], hoist: Hoist | None = None) -> N.Block:
     """Pack the operands of the contractions among `container`'s statements into local
     buffers of `container`: the function's body (copied once per call) or a fused row
-    block (copied once per row, where only that row's slice of the operand is read)."""
+    block (copied once per row, where only that row's slice of the operand is read;
+    `row_settings`). A fused row's widened copy of data that every row reads alike (B of
+    a bf16 matmul, which other copies leave in place there: it is used once per row) is
+    made once, in the container around the row loop (`hoist`), and passed in."""
     min_reuse, max_reduction = settings
     top = {r.into: r for r in container.refs}
     new_refs = list(container.refs)
     stmts: list[N.Statement] = []
     packed: dict[tuple[Any, ...], str] = {}
+
+    def hoisted(copy: _Copy, inner: N.Refinement, lanes: int) -> str | None:
+        """The local of this container holding a fused row's widened `copy` of its view
+        `inner`, made once here, or None where the rows read different data."""
+        rows = {i.name for i in copy.passed}
+        if inner.from_ not in top or any(a.terms or a.const for a in inner.access) \
+                or any(set(a.names) & rows for a in copy.ref.access):
+            return None
+        copy = replace(copy, passed=(), ref=replace(copy.ref, from_=inner.from_))
+        if copy.key not in packed:
+            name = f"{inner.from_}_widened{len(packed)}"
+            new_refs.append(N.Refinement("none", "", name, tuple(N.Affine() for _ in
+                                                                 copy.shape.dims), copy.shape))
+            stmts.append(copy.block(name, top[inner.from_], lanes))
+            packed[copy.key] = name
+        return packed[copy.key]
+
     for s in container.stmts:
         if isinstance(s, N.Block) and "fused" in s.tags:
-            stmts.append(_pack_members(s, target, settings))
+            stmts.append(_pack_members(s, target, row_settings, row_settings, hoisted))
             continue
         if not (isinstance(s, N.Block) and "contraction" in s.tags):
             stmts.append(s)
@@ -206,17 +294,23 @@ def _pack_members(container: N.Block, target: Target, settings: tuple[int, int])
         def place(copy: _Copy, lanes: int = lanes) -> str:
             """The local buffer holding `copy`, made (with its copy block) on first use."""
             if copy.key not in packed:
+                zeros = tuple(N.Affine() for _ in copy.shape.dims)
+                outer = (hoist(copy, top[copy.ref.from_], lanes)
+                         if hoist is not None and copy.widens else None)
+                if outer is not None:
+                    new_refs.append(N.Refinement("in", outer, outer, zeros, copy.shape))
+                    packed[copy.key] = outer
+                    return outer
                 name = f"{copy.ref.from_}_panels{len(packed)}"
-                new_refs.append(N.Refinement("none", "", name, tuple(N.Affine() for _ in
-                                                                     copy.shape.dims),
-                                             copy.shape))
+                new_refs.append(N.Refinement("none", "", name, zeros, copy.shape))
                 stmts.append(copy.block(name, top[copy.ref.from_], lanes))
                 packed[copy.key] = name
             return packed[copy.key]
 
         for ref, d in _transposes(s, top, lanes, min_reuse, target.cache_line_bytes):
             reduction = ref.access[d].names[0]
-            copy = _Copy.of(s, ref, d, next(i.range for i in s.idxs if i.name == reduction))
+            copy = _Copy.of(s, ref, d, next(i.range for i in s.idxs if i.name == reduction),
+                            widened(s, ref))
             # One panel as long as the reduction: the view's rows with `reduction` innermost.
             s = _reading(s, ref.into, place(copy), copy, (N.Affine(),) + tuple(
                 ref.access[j] for j in copy.looped) + (ref.access[d],))
@@ -227,7 +321,7 @@ def _pack_members(container: N.Block, target: Target, settings: tuple[int, int])
         v, packs = plan
         vrange = next(i.range for i in s.idxs if i.name == v)
         width = lanes * (2 if vrange >= 2 * lanes else 1)
-        copies = {ref.into: _Copy.of(s, ref, d, width) for ref, d in packs}
+        copies = {ref.into: _Copy.of(s, ref, d, width, widened(s, ref)) for ref, d in packs}
         s = split_index(s, v, width)
         for into, copy in copies.items():
             looped = tuple(s.ref(into).access[j] for j in copy.looped)
@@ -262,20 +356,25 @@ class _Copy:
     shape: N.TensorShape
 
     @staticmethod
-    def of(block: N.Block, ref: N.Refinement, d: int, width: int) -> _Copy:
+    def of(block: N.Block, ref: N.Refinement, d: int, width: int, dtype: DType) -> _Copy:
         loops = {i.name: i.range for i in block.idxs if i.affine is None}
         looped = tuple(j for j, a in enumerate(ref.access) if j != d and set(a.names) & set(loops))
         ranges = {j: loops[ref.access[j].names[0]] for j in (*looped, d)}
         sizes = (-(-ranges[d] // width),) + tuple(ranges[j] for j in looped) + (width,)
         return _Copy(ref, d, width, tuple(i for i in block.idxs if i.affine is not None),
-                     looped, ranges, contiguous(ref.shape.dtype, sizes))
+                     looped, ranges, contiguous(dtype, sizes))
+
+    @property
+    def widens(self) -> bool:
+        """Whether the copy converts (`widened`: a narrow float to float32)."""
+        return self.shape.dtype != self.ref.shape.dtype
 
     @property
     def key(self) -> tuple[Any, ...]:
         fixed = tuple((j, a) for j, a in enumerate(self.ref.access)
                       if j != self.d and j not in self.looped)
         return (self.ref.from_, self.d, self.width, fixed, self.passed,
-                tuple(sorted(self.ranges.items())))
+                tuple(sorted(self.ranges.items())), self.shape.dtype)
 
     def block(self, name: str, source: N.Refinement, lanes: int) -> N.Block:
         idxs = (self.passed + (N.Index("o", self.shape.dims[0].size),)
@@ -293,7 +392,10 @@ class _Copy:
                       + (N.Affine.index("i"),))
         dst = N.Refinement("out", name, name, dst_access, N.TensorShape(
             self.shape.dtype, tuple(N.Dim(1, x.stride) for x in self.shape.dims)))
-        stmts = (N.Load("$x", source.into), N.Store(name, "$x"))
+        stmts: tuple[N.Statement, ...] = (N.Load("$x", source.into), N.Store(name, "$x"))
+        if self.widens:                                 # exactly (`widened`)
+            stmts = (stmts[0], N.Intrinsic("cast", ("$x",), "$w", self.shape.dtype),
+                     N.Store(name, "$w"))
         # Panels of a dimension that is already unit-stride are plain vector copies
         # (autotile schedules them); the others are register transposes.
         unit = self.ref.shape.dims[self.d].stride == 1
@@ -323,4 +425,5 @@ def split_index(block: N.Block, name: str, width: int) -> N.Block:
                    stmts=substitute_local(block.stmts, {name: value}))
 
 
-register("pack", pack, enabled=flag, min_reuse=count, max_reduction=count)
+register("pack", pack, enabled=flag, min_reuse=count, row_min_reuse=count,
+         max_reduction=count)

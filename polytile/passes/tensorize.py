@@ -63,10 +63,10 @@ def tensorize(fn: N.Function, target: Target, params: dict[str, Any]) -> N.Funct
     if not params.get("enabled", True):
         return fn
     if target.backend == "cuda":
-        raise UnsupportedError(f"tensorize on target {target.name}: Tensor Core instructions "
-                               "(mma.sync / wmma, fp16/bf16 -> fp32) are not built yet; the "
-                               "cuda targets run contractions on CUDA cores",
-                               hint="remove the tensorize pass from the cuda target's passes")
+        raise UnsupportedError(f"tensorize on target {target.name}: pass tensorize runs a CPU's "
+                               "lane-dot instructions; a cuda target runs Tensor Cores "
+                               "(mma.sync) through pass tensor_cores",
+                               hint="name tensor_cores instead of tensorize in the target's passes")
     usable = sorted((d for d in descriptions() if target.has(d.feature)
                      and "c-x86" in d.definition.forms and lane_dot(d)),
                     key=lambda d: (-d.operand_types[0].lanes, d.name))   # most products first

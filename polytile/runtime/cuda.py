@@ -91,6 +91,35 @@ def compile_cubin(source: str, options: tuple[str, ...], name: str = "kernel.cu"
         nvrtc.nvrtcDestroyProgram(program)
 
 
+def compile_ptx(source: str, options: tuple[str, ...], name: str = "kernel.cu") -> str:
+    """`source` compiled by NVRTC to PTX, for a virtual architecture
+    (`--gpu-architecture=compute_90`): what the CUBIN's instructions come from, as text
+    (e.g. to see that a kernel uses `mma.sync`). Failures as in `compile_cubin`."""
+    problem = nvrtc_problem()
+    if problem:
+        raise UnsupportedError(f"compiling CUDA needs {problem}")
+    nvrtc = _nvrtc()
+    ok = nvrtc.nvrtcResult.NVRTC_SUCCESS
+    err, program = nvrtc.nvrtcCreateProgram(source.encode(), name.encode(), 0, [], [])
+    if err != ok:
+        raise BuildError(f"NVRTC could not take the generated source ({err.name})", source)
+    try:
+        encoded = [o.encode() for o in options]
+        (result,) = nvrtc.nvrtcCompileProgram(program, len(encoded), encoded)
+        err, size = nvrtc.nvrtcGetProgramLogSize(program)
+        log_bytes = b" " * size
+        nvrtc.nvrtcGetProgramLog(program, log_bytes)
+        log = log_bytes.rstrip(b"\x00 ").decode(errors="replace").strip()
+        if result != ok:
+            raise BuildError(_failure_message(result.name, log, source), source, log)
+        err, size = nvrtc.nvrtcGetPTXSize(program)
+        ptx = b" " * size
+        nvrtc.nvrtcGetPTX(program, ptx)
+        return ptx.rstrip(b"\x00 ").decode()
+    finally:
+        nvrtc.nvrtcDestroyProgram(program)
+
+
 def _failure_message(status: str, log: str, source: str) -> str:
     """NVRTC's errors, each followed by the generated line it names."""
     lines = source.splitlines()

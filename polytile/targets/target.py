@@ -39,9 +39,12 @@ class Target:
     passes: tuple[tuple[str, tuple[tuple[str, Any], ...]], ...]
     backend: str = "c-x86"    # the backend that prints and builds its code
     features: frozenset[str] = field(default_factory=frozenset)   # host features in use
+    # Features every machine of this kind has, whatever the host (a GPU target's: the
+    # host's CPU features say nothing about the device; sm_80 always has Tensor Cores).
+    provides: tuple[str, ...] = ()
 
     def has(self, feature: str) -> bool:
-        return feature in self.features
+        return feature in self.features or feature in self.provides
 
     def cache_size(self, level: str) -> int:
         return dict(self.cache_bytes)[level]
@@ -50,7 +53,8 @@ class Target:
     def identity(self) -> str:
         """Name, the features in use and the cache sizes: part of every cache key (the
         sizes come from the host when it tells them, and the tiles follow them)."""
-        used = sorted(self.features & (set(self.optional) | set(self.requires)))
+        used = sorted((self.features & (set(self.optional) | set(self.requires)))
+                      | set(self.provides))
         caches = ",".join(f"{level}={size // 1024}K" for level, size in self.cache_bytes)
         return f"{self.name}[{','.join(used)}]({caches})"
 
@@ -80,7 +84,8 @@ def load_target(name: str) -> Target:
                   tuple(data.get("optional", [])), int(data["vector_bytes"]),
                   int(data["vector_registers"]), _freeze(data["cache_bytes"]),
                   int(data["cache_line_bytes"]), tuple(data["cflags"]), bool(data["openmp"]),
-                  passes, str(data.get("backend", "c-x86")))
+                  passes, str(data.get("backend", "c-x86")),
+                  provides=tuple(data.get("provides", [])))
 
 
 @lru_cache(maxsize=1)

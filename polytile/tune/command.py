@@ -204,8 +204,10 @@ def _check_blocks(options: Any, compiler: Any, spec: Any) -> None:
     from polytile.ir.lower import lower
     from polytile.sema.canonical import canonical
     from polytile.tune.space import build_space
+    from polytile.tune.tuner import plan_groups
 
-    space = build_space(lower(canonical(spec)), compiler.target)
+    space = build_space(lower(canonical(spec)), compiler.target,
+                        plan=plan_groups(compiler, spec))
     wanted = {**dict(space.variants[0].passes), **dict(options.passes)}
     variant = next((v for v in space.variants
                     if all(wanted[k] == value for k, value in v.passes)), space.variants[0])

@@ -11,7 +11,8 @@ A point is one value index per gene, the genetic algorithm's chromosome. The gen
 
 * pipeline choices, for the passes the target runs: fusion strategy (TC §6.2's max,
   preserve-parallelism and min: the fuse pass's "max", "rows" and "none"; see
-  polytile/passes/fuse.py), packing on/off, pointer increments on/off; on a GPU target
+  polytile/passes/fuse.py; and "plan", the graph level's fusion plan, when the caller
+  passes its groups), packing on/off, pointer increments on/off; on a GPU target
   (pass gpu) the work-items per work-group, the staged reduction tile (0: no local
   memory), how many indices are mapped, the register tile of a staged reduction and the
   work-items sharing a reduction across a group (0: none), the padding of staged rows. A choice none
@@ -19,7 +20,8 @@ A point is one value index per gene, the genetic algorithm's chromosome. The gen
   gene: it would only add copies of the same kernels;
 * `lanes`: vector width, the target's full width or half of it (one for the function:
   the generated C declares one vector type);
-* per kernel block (names are stable: they come from the lowered program):
+* per kernel block (names are stable: they come from the lowered program; the phases
+  of a stitched kernel are kernel blocks too):
   `vector` (which index runs across SIMD lanes, from autotile.typed_vector_candidates),
   `vectors` (vectors per register tile along a parallel vector index),
   `unroll.<index>` (register tile factor of each parallel index), `prefetch` (how many
@@ -199,10 +201,14 @@ class Space:
         return "\n".join(lines)
 
 
-def build_space(lowered: N.Function, target: Target,
-                extra: Sequence[Options] = ()) -> Space:
+def build_space(lowered: N.Function, target: Target, extra: Sequence[Options] = (),
+                plan: Sequence[Sequence[int]] | None = None) -> Space:
     """The space for `lowered` (the IR before any pass) on `target`; `extra` options
-    (seeds: the best of similar programs) add their values to the genes."""
+    (seeds: the best of similar programs) add their values to the genes. `plan` (the
+    fusion plan's groups, polytile.graph) makes "plan" a value of fuse's strategy: the
+    graph level's choice of which statements share a kernel is then one more variant
+    the tuner times against the row fusion and none (FusionStitching §4.3's
+    execution-based scores, for the whole plan)."""
     from polytile.passes.pipeline import run_pipeline
     names = [name for name, _ in target.passes]
     cut = names.index("autotile") if "autotile" in names else len(names)
@@ -213,10 +219,16 @@ def build_space(lowered: N.Function, target: Target,
         if gene.split(".")[0] in names[:cut]:
             default = defaults.get(gene, values[0])
             choices[gene] = (default,) + tuple(v for v in values if v != default)
+    if plan is not None and "fuse.strategy" in choices:
+        choices["fuse.strategy"] += ("plan",)
     programs = {}
     for combo in itertools.product(*choices.values()):
         passes = tuple(zip(choices, combo))
-        programs[passes] = run_pipeline(lowered, before, dict(passes))
+        params = dict(passes)
+        if params.get("fuse.strategy") == "plan":
+            # The Compiler adds the same groups when it builds a candidate (Compiler.planned).
+            params["fuse.groups"] = [list(g) for g in plan or ()]
+        programs[passes] = run_pipeline(lowered, before, params)
     choices = {name: _distinct(programs, k) for k, name in enumerate(choices)}
     variants = [Variant(tuple(p for p in passes if len(choices[p[0]]) > 1),
                         tuple(kernel_blocks(fn, target)))
@@ -253,18 +265,23 @@ def kernel_blocks(fn: N.Function, target: Target) -> list[KernelBlock]:
     without autotile: a GPU target's decisions are all pipeline choices)."""
     if "autotile" not in {name for name, _ in target.passes}:
         return []
-    out = []
-    for s in fn.body.stmts:
-        if _is_leaf_kernel(s):
-            assert isinstance(s, N.Block)
-            out.append(KernelBlock(s, False, choose_schedule(s, target)))
-        elif isinstance(s, N.Block) and "fused" in s.tags:
-            for m in s.stmts:
-                if _is_leaf_kernel(m):
-                    assert isinstance(m, N.Block)
-                    default = replace(choose_schedule(m, target), tiles=(), parallel=False)
-                    out.append(KernelBlock(m, True, default))
-    return out
+    return [kb for s in fn.body.stmts for kb in _blocks_of(s, target)]
+
+
+def _blocks_of(s: N.Statement, target: Target) -> list[KernelBlock]:
+    """The blocks autotile schedules in one statement (as autotile._kernel_blocks finds
+    them): a leaf kernel; the members of a fused block (register tile only); the phases
+    of a stitched block, each scheduled as a kernel of its own."""
+    if _is_leaf_kernel(s):
+        assert isinstance(s, N.Block)
+        return [KernelBlock(s, False, choose_schedule(s, target))]
+    if isinstance(s, N.Block) and "fused" in s.tags:
+        return [KernelBlock(m, True, replace(choose_schedule(m, target), tiles=(),
+                                             parallel=False))
+                for m in s.stmts if isinstance(m, N.Block) and _is_leaf_kernel(m)]
+    if isinstance(s, N.Block) and "stitched" in s.tags:
+        return [kb for m in s.stmts for kb in _blocks_of(m, target)]
+    return []
 
 
 def _is_leaf_kernel(s: N.Statement) -> bool:

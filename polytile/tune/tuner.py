@@ -190,7 +190,7 @@ def tune_spec(compiler: Compiler, spec: Specialized, inputs: dict[str, np.ndarra
     exact, similar = starting_options(db, key, family, settings)
     # Only options for these very sizes add their values to the genes; another size's
     # tile sizes would be noise in this space.
-    space = build_space(lowered, compiler.target, exact)
+    space = build_space(lowered, compiler.target, exact, plan_groups(compiler, spec))
     seeds = ([space.default_point] + [space.encode(o) for o in exact + similar]
              + space.predefined())
     name = spec.fn.name
@@ -230,6 +230,15 @@ def tune_spec(compiler: Compiler, spec: Specialized, inputs: dict[str, np.ndarra
                       session.default_seconds, session.progress.candidates,
                       dict(session.rejected), result.generations, time.monotonic() - start,
                       result.stopped, tuple(session.notes))
+
+
+def plan_groups(compiler: Compiler, spec: Specialized) -> list[list[int]] | None:
+    """The fusion plan's groups (polytile.graph) where the target runs pass fuse, for
+    the space's "plan" variant; the same groups Compiler.planned gives a candidate."""
+    if "fuse" not in {name for name, _ in compiler.target.passes}:
+        return None
+    from polytile.graph.plan import plan_fusion
+    return plan_fusion(spec, compiler.target, compiler.config).option
 
 
 def program_family(spec: Specialized) -> str:

@@ -264,3 +264,51 @@ def test_a_local_read_beyond_what_was_written_needs_the_fill() -> None:
     fn = parse_function(PANEL.replace("in T <- T[i]", "in T <- T[i + 2]"))
     verify(fn)
     assert overwritten_first(fn.body) == frozenset()
+
+
+# A per-row local of a fused row loop (allocated in each iteration of r): the pack writes
+# the 6 elements of row r's operand into an 8-element panel, then the product reads them.
+ROW_PANEL = """\
+function rows(X, Y) {{
+  block main (
+    in X[0, 0] float32(4:6, 6:1)
+    out Y[0, 0] float32(4:6, 6:1)
+  ) {{
+    block fused [r:4] (
+      in X <- X[r, 0] float32(1:6, 6:1)
+      out Y <- Y[r, 0] float32(1:6, 6:1)
+      none P[0] float32(8:1)
+    ) {{
+      block pack [i:6, q = r] (
+        in X <- X[0, i] float32(1:6, 1:1)
+        out P <- P[i] float32(1:1)
+      ) {{
+        $x = load(X)
+        P = store($x)
+      }}
+      block use [i:6, q = r] (
+        in P <- P[{read}] float32(1:1)
+        out Y <- Y[0, i] float32(1:6, 1:1)
+      ) {{
+        $p = load(P)
+        Y = store($p)
+      }}
+    }}
+  }}
+}}
+"""
+
+
+def _row_local(read: str) -> frozenset[str]:
+    fn = parse_function(ROW_PANEL.format(read=read))
+    verify(fn)
+    (fused,) = fn.body.stmts
+    return overwritten_first(fused, nested=True)
+
+
+def test_a_row_loops_private_local_written_first_in_each_row_needs_no_fill() -> None:
+    assert _row_local("i") == {"P"}
+
+
+def test_a_row_loops_private_local_read_past_the_write_needs_the_fill() -> None:
+    assert _row_local("i + 1") == frozenset()

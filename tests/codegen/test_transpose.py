@@ -41,7 +41,7 @@ def test_tmm_through_panels(target: str, m: int, n: int, k: int) -> None:
 
 
 @pytest.mark.parametrize("target", TARGETS)
-@pytest.mark.parametrize("b,n,m,k", [(7, 26, 72, 26), (3, 5, 19, 33), (4, 9, 16, 8)])
+@pytest.mark.parametrize("b,n,m,k", [(7, 26, 72, 26), (3, 5, 19, 33), (4, 9, 16, 8), (5, 4, 64, 50)])
 def test_tbmm_packs_each_row(target: str, b: int, n: int, m: int, k: int) -> None:
     rng = np.random.default_rng(b + n + m + k)
     # Non-contiguous inputs: every other row of a larger array, and a transposed one.

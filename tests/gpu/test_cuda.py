@@ -181,12 +181,13 @@ def test_conformance_on_cuda(case) -> None:  # type: ignore[no-untyped-def]
         assert_agrees(g, w, case.tolerance, f"{case.name}: output {output.name}")
 
 
-def test_tensor_cores_are_refused_until_they_are_built() -> None:
-    """A cuda target whose passes ask for tensorize gets a clear NotImplementedError."""
+def test_a_cuda_target_asking_for_the_cpu_tensorize_pass_is_pointed_to_tensor_cores() -> None:
+    """A cuda target whose passes ask for tensorize (the CPU's lane-dot instructions) gets a
+    clear NotImplementedError naming pass tensor_cores."""
     cuda = dataclasses.replace(T.load_target("cuda-sm90"),
                                passes=(("tensorize", ()),) + T.load_target("cuda-sm90").passes)
     fn = stripe(TMM, {"A": (16, 16), "B": (16, 16)})
-    with pytest.raises(NotImplementedError, match="mma.sync / wmma.*not built yet"):
+    with pytest.raises(NotImplementedError, match="Tensor Cores.*through pass tensor_cores"):
         run_pipeline(fn, cuda, {})
     assert tensorize(fn, cuda, {"enabled": False}) is fn
 

@@ -23,6 +23,7 @@ from polytile.ir.nodes import Affine
 from polytile.isa import Description, descriptions, load_description
 from polytile.loops import nodes as L
 from polytile.loops.interp import run_kernel
+from polytile.runtime.cuda import device_problem
 from polytile.targets.target import host_features
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "codegen"))
@@ -67,6 +68,13 @@ def reference(name: str, *x: np.ndarray) -> np.ndarray:
     if name.startswith("vdpbf16ps"):
         acc, a, b = x
         return acc.astype(np.float64) + (pairs(a, len(acc)) * pairs(b, len(acc))).sum(1)
+    if name.startswith("mma_"):     # Tensor Cores: d (16 x 8) = acc + a (16 x K) b (8 x K)^T
+        acc, a, b = x
+        kind = np.int64 if a.dtype.kind in "iu" else np.float64
+        k = len(a) // 16
+        total = (acc.reshape(16, 8).astype(kind)
+                 + a.reshape(16, k).astype(kind) @ b.reshape(8, k).astype(kind).T)
+        return (wrap32(total) if kind is np.int64 else total).reshape(-1)
     # AMX: C (16 x 16) += A (16 rows of G groups) times B (G rows of 16 column groups)
     acc, a, b = x
     group = len(a) // 256
@@ -106,7 +114,7 @@ def assert_matches(name: str, got: np.ndarray, want: np.ndarray) -> None:
     if got.dtype.kind in "iu":
         np.testing.assert_array_equal(got, want)
     else:     # a float32 rounding per term, of the largest magnitude a lane reaches
-        terms = 32 if "amx" in name else 2
+        terms = 32 if "amx" in name or "mma" in name else 2
         np.testing.assert_allclose(got.astype(np.float64), want, rtol=0,
                                    atol=float(np.abs(want).max()) * 2.0**-24 * 4 * terms)
 
@@ -227,7 +235,12 @@ def test_polytile_instructions_lists_them(capsys: pytest.CaptureFixture[str]) ->
     for name, d in DESCRIPTIONS.items():
         line = next(row for row in out.splitlines() if row.startswith(name + " "))
         assert d.feature in line
-        assert ("yes" if d.feature in host_features() else "no") in line.split()[-1]
+        runs = line.rsplit("  ", 1)[-1].strip()
+        if d.definition.warp:           # a GPU's: runs where there is a CUDA device
+            problem = device_problem()
+            assert runs == ("yes" if problem is None else f"no ({problem.split(' (')[0]})")
+        else:
+            assert runs == ("yes" if d.feature in host_features() else "no")
     assert "cpu-avx512" in out
 
 

@@ -44,7 +44,8 @@ def test_operands_in_the_other_order_still_match() -> None:
 
 @pytest.mark.parametrize("source, wanted", [
     ("def mm(int8(M,K) A, int8(K,N) B) -> (C) {\n  C(m,n) +=! int32(A(m,k)) * int32(B(k,n))\n}",
-     {"sdot_neon", "vpmaddwd_256", "vpmaddwd_512"}),      # s8 widens to s16 exactly
+     {"sdot_neon", "vpmaddwd_256", "vpmaddwd_512",        # s8 widens to s16 exactly
+      "mma_s8_m16n8k32"}),
     (("def mm(uint8(M,K) A, int16(K,N) B) -> (C) {\n"
       "  C(m,n) +=! int32(A(m,k)) * int32(B(k,n))\n}"), {"vpmaddwd_256", "vpmaddwd_512"}),
     (("def mm(uint16(M,K) A, int16(K,N) B) -> (C) {\n"     # u16 does not fit in s16
@@ -59,7 +60,7 @@ def test_operands_in_the_other_order_still_match() -> None:
     (("def mm(int16(M,K) A, int16(K,N) B) -> (C) {\n"
       "  C(m,n) +=! int32(A(m,k)) * int32(B(k,n))\n}"), {"vpmaddwd_256", "vpmaddwd_512"}),
     (("def mm(bfloat16(M,K) A, bfloat16(K,N) B) -> (C) {\n"
-      "  C(m,n) +=! float(A(m,k)) * float(B(k,n))\n}"), {"vdpbf16ps_512"}),
+      "  C(m,n) +=! float(A(m,k)) * float(B(k,n))\n}"), {"vdpbf16ps_512", "mma_bf16_m16n8k16"}),
     ("def mm(float(M,K) A, float(K,N) B) -> (C) {\n  C(m,n) +=! A(m,k) * B(k,n)\n}", set()),
     (("def mm(uint8(M,K) A, int8(K,N) B) -> (C) {\n"
       "  C(m,n) +=! int32(A(m,k)) + int32(B(k,n))\n}"), set()),      # a sum is no product
@@ -75,14 +76,29 @@ def test_each_flavour_finds_its_instructions(source: str, wanted: set[str]) -> N
     ("uint8", "int16", True), ("int8", "int16", True), ("int16", "int16", True),
     ("uint8", "uint16", True), ("uint16", "int32", True), ("uint16", "int16", False),
     ("int8", "uint16", False), ("int8", "uint8", False), ("uint8", "int8", False),
-    ("int32", "int16", False), ("bfloat16", "float32", False), ("bool", "int16", False),
+    ("int32", "int16", False), ("bool", "int16", False),
+    ("bfloat16", "float32", True), ("float16", "float32", True), ("float32", "float64", True),
+    ("bfloat16", "float64", True), ("float16", "bfloat16", False),
+    ("bfloat16", "float16", False), ("float32", "bfloat16", False), ("int8", "float32", False),
 ])
 def test_widening_is_exact_only_where_every_value_fits(narrow: str, wide: str,
                                                        exact: bool) -> None:
     a, b = dtypes.lookup(narrow), dtypes.lookup(wide)
     assert a is not None and b is not None
     assert widens(a, b) is exact
-    if exact:      # every value of the narrow type survives the trip through the wide one
+    if exact and a.kind == "f" and a.bits == 16:
+        # every bit pattern but NaNs, subnormals and infinities included, comes back
+        values = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(a.numpy)
+        with np.errstate(invalid="ignore"):        # signalling NaNs among the patterns
+            values = values[~np.isnan(values.astype(np.float64))]
+        back = values.astype(b.numpy).astype(a.numpy)
+        np.testing.assert_array_equal(back.view(np.uint16), values.view(np.uint16))
+        if narrow == "bfloat16":     # and widening is the shift by 16 bits the C code does
+            shifted = (values.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+            np.testing.assert_array_equal(shifted.astype(b.numpy), values.astype(b.numpy))
+    elif exact and a.kind == "f":
+        assert np.finfo(a.numpy).nmant < np.finfo(b.numpy).nmant
+    elif exact:    # every value of the narrow type survives the trip through the wide one
         info = np.iinfo(a.numpy)
         values = np.arange(info.min, info.max + 1, dtype=np.int64).astype(a.numpy)
         np.testing.assert_array_equal(values.astype(b.numpy).astype(np.int64),

@@ -26,14 +26,24 @@ static inline pt_vi pt_viota(void) {
   for (int l = 0; l < 4; l++) v[l] = l;
   return v;
 }
-/* First n lanes from p, the rest 0; never touches memory past p[n-1]. */
+/* First n lanes from p, the rest 0; never touches memory past p[n-1]. A count that
+   covers every lane (or none) takes a plain move: boundary code often runs with all
+   lanes or none active, and masked moves cost more (a masked store is microcoded on
+   AMD's Zen: about 15 plain stores' time on Zen 3). */
 static inline pt_vf pt_vload_n(const float *p, int64_t n) {
+  if (n >= 4) return *(const pt_vf_u *)p;
+  if (n <= 0) return pt_vsplat(0.0f);
 
   pt_vf v = {0};
   for (int64_t l = 0; l < n; l++) v[l] = p[l];
   return v;
 }
 static inline void pt_vstore_n(float *p, pt_vf v, int64_t n) {
+  if (n >= 4) {
+    *(pt_vf_u *)p = v;
+    return;
+  }
+  if (n <= 0) return;
 
   for (int64_t l = 0; l < n; l++) p[l] = v[l];
 }
