@@ -12,7 +12,8 @@ whose accumulator has L lanes and whose two operands hold G values per lane.
     for panels of 32 rows of m (threads, if the schedule says so; else one panel):
      for blocks of 256 lanes of n (a block of Bp stays in L2 while the panel's rows pass):
       for 4 rows of the panel at a time (the schedule's rows; the rows left over after
-                                         the last whole tile follow, one at a time):
+                                         the last whole tile follow as one narrower tile,
+                                         or one row per thread if they are all there is):
         for 4 chunks of 16 lanes at a time (the schedule's chains; then single chunks,
                                             then a masked tail):
           acc[i][j] = C[m_i, n0_j : n0_j + 16]
@@ -32,10 +33,26 @@ widened broadcast operand is packed too, Ap[(row * groups + g) * G + t] = A[row,
 (zeros past K), so that a row's group is still one word broadcast.
 
 The rows x chains accumulators (chosen by pass `tensorize` from the target's vector
-registers) hide the instruction's latency. Other output loops are looped outside (other
-reduction loops are not lowered yet: pass `tensorize` leaves such blocks alone). The
+registers) hide the instruction's latency. Other output loops are looped outside. The
 block (COLUMNS) is a constant of this lowering, not yet a schedule field. The interpreter runs the instruction's
 TC description, so the loops are checked like any others.
+
+A convolution (UNIT §IV-B, Fig. 5) is the same nest with three more things:
+
+    block s0 [n, k, h, o, c, r, s] schedule(tensorize(vpmaddwd_256, k, c, 3, 4)) (
+      out y[n, k, h, o]:add   in x[n, c, h + r, o + s] uint8   in w[k, c, r, s] int8 )
+
+->  Wp[(((s * windows + w) * groups + g) * W + l) * G + t] = w[W*s + l, G*g + t, r, s_]
+         at window position w = (r, s_) row-major: KCRS -> K/W, RS, C/G, W, G (the
+         other reductions, the window, are outer to the groups in each strip);
+    Xp[((n * H + h) * W + o) * groups + g) * G + t] = x[n, G*g + t, h, o]: the broadcast
+         operand by its own dimensions with the groups' dimension innermost, NCHW ->
+         NHW[G]c, zeros past C (packed when widened or its groups are not contiguous);
+         a row reads Xp at its own subscripts (h + r, 2*o + s for a stride 2, one more
+         for a conv3d): no case is special;
+    for n, h (outer output loops), tiles of rows along o and lanes along k as above:
+      the tile's y elements copied into a stack buffer (y's lanes are K apart: NKHW),
+      for r, s: for g: the same step; then copied back.
 """
 from __future__ import annotations
 
@@ -46,7 +63,7 @@ from typing import TYPE_CHECKING
 from polytile.errors import IRError
 from polytile.ir.nodes import Affine, Block
 from polytile.loops import nodes as L
-from polytile.loops.views import Scope, child_view, fixed_indices, safe
+from polytile.loops.views import Scope, child_view, fixed_indices, resolve, safe
 
 if TYPE_CHECKING:
     from polytile.loops.lower import Lowering
@@ -79,6 +96,17 @@ def lower_block(low: Lowering, blk: Block, outer: Scope) -> list[L.Stmt]:
     red = [n for n in loops if n not in written and n != t.reduction]
     idx = fixed_indices(blk, outer.idx)
     groups = -(-n_red // group)
+    # The other reductions (a convolution's window) loop around the groups; the packed
+    # operand holds, per strip, every (window, group) pair in loop order: `total` groups.
+    windows = math.prod(loops[n] for n in red)
+    total = windows * groups
+
+    def window(at: dict[str, Affine]) -> Affine:
+        """The position of the other reductions' values `at`, row-major."""
+        w = Affine.constant(0)
+        for n in red:
+            w = w.scale(loops[n]) + at[n]
+        return w
     # The packed operand in strips of a register tile's lanes, each strip's groups one
     # after the other: a tile streams through its strip contiguously. (With the groups of
     # all lanes in one row, a 1024-lane row is 4 KiB: every step of the reduction fell
@@ -93,12 +121,16 @@ def lower_block(low: Lowering, blk: Block, outer: Scope) -> list[L.Stmt]:
         """`ref` at `at` as one value of `dtype` (converted where the instruction's
         operand is wider: the inspector proved the widening exact), and its name."""
         v = view(ref, at)
+        return converted(L.Read(v.ptr, v.offset), v.dtype, dtype)
+
+    def converted(read: L.Read, have, dtype) -> tuple[list[L.Stmt], str]:  # type: ignore[no-untyped-def]
+        """The element `read` (of dtype `have`) as a value of `dtype`, and its name."""
         value = low.fresh("s")
-        read: list[L.Stmt] = [L.Let(value, L.VType(v.dtype), L.Read(v.ptr, v.offset))]
-        if v.dtype == dtype:
-            return read, value
+        stmts: list[L.Stmt] = [L.Let(value, L.VType(have), read)]
+        if have == dtype:
+            return stmts, value
         wide = low.fresh("s")
-        return read + [L.Let(wide, L.VType(dtype), L.Op("cast", (value,), dtype))], wide
+        return stmts + [L.Let(wide, L.VType(dtype), L.Op("cast", (value,), dtype))], wide
 
     def in_group(g: str) -> L.IExpr:
         """The values in group `g`: G, fewer in a last partial group."""
@@ -106,86 +138,118 @@ def lower_block(low: Lowering, blk: Block, outer: Scope) -> list[L.Stmt]:
                        - Affine.index(g).scale(group)))
 
     # The packed operand: groups of G values of each lane, zero past the extents;
-    # Bp[((s * groups + g) * W + l) * G + t] = B[G*g + t, W*s + l] for strips s of W lanes.
+    # Bp[(((s * windows + w) * groups + g) * W + l) * G + t] = B[G*g + t, W*s + l] at
+    # window position w, for strips s of W lanes.
     packed = low.fresh("l")
     g, ps, pl, e = low.fresh("i"), low.fresh("i"), low.fresh("i"), low.fresh("i")
+    red_vars = {n: low.fresh("i") for n in red}
+    red_at = {n: Affine.index(v) for n, v in red_vars.items()}
     put, value = element(y_ref, {t.lane: Affine.index(ps).scale(strip) + Affine.index(pl),
-                                 t.reduction: Affine.index(g).scale(group) + Affine.index(e)},
-                         b_t.dtype)
-    pack: list[L.Stmt] = [L.Loop(ps, Affine.constant(0), Affine.constant(strips), (
-        L.Loop(g, Affine.constant(0), Affine.constant(groups), (
-            L.Loop(pl, Affine.constant(0), L.IMin((Affine.constant(strip), Affine.constant(
-                    n_lane) - Affine.index(ps).scale(strip))), (
-                L.Loop(e, Affine.constant(0), in_group(g), (
-                    *put, L.Store(packed, ((Affine.index(ps).scale(groups) + Affine.index(g))
-                                           .scale(strip) + Affine.index(pl)).scale(group)
-                                  + Affine.index(e), value))),)),)),))]
-    buffers = [L.Buffer(packed, b_t.dtype, strips * groups * strip * group, "heap", "global",
+                                 t.reduction: Affine.index(g).scale(group) + Affine.index(e),
+                                 **red_at}, b_t.dtype)
+    fill: L.Stmt = L.Loop(g, Affine.constant(0), Affine.constant(groups), (
+        L.Loop(pl, Affine.constant(0), L.IMin((Affine.constant(strip), Affine.constant(
+                n_lane) - Affine.index(ps).scale(strip))), (
+            L.Loop(e, Affine.constant(0), in_group(g), (
+                *put, L.Store(packed, (((Affine.index(ps).scale(windows) + window(red_at))
+                                        .scale(groups) + Affine.index(g)).scale(strip)
+                                       + Affine.index(pl)).scale(group)
+                              + Affine.index(e), value))),)),))
+    for n in reversed(red):
+        fill = L.Loop(red_vars[n], Affine.constant(0), Affine.constant(loops[n]), (fill,))
+    pack: list[L.Stmt] = [L.Loop(ps, Affine.constant(0), Affine.constant(strips), (fill,))]
+    buffers = [L.Buffer(packed, b_t.dtype, strips * total * strip * group, "heap", "global",
                         "zero", label=f"{safe(y_ref.into)} packed for {t.instruction}")]
 
     def packed_at(gv: Affine, base: Affine, start: Affine) -> Affine:
-        """Where lane `start` of group `gv` lies, in the strip that begins at lane `base`."""
-        return (base.scale(groups - 1) + gv.scale(strip) + start).scale(group)
+        """Where lane `start` of group `gv` (counted over every window position) lies, in
+        the strip that begins at lane `base`."""
+        return (base.scale(total - 1) + gv.scale(strip) + start).scale(group)
 
-    # A widened broadcast operand: converted once, its rows (the output loops it reads,
-    # row-major) in groups of G, so that a row's group is one word again:
-    # Ap[(row * groups + g) * G + t].
-    x_rows = [n for n in par if n in uses(x_ref)]
+    # The broadcast operand, packed where it is widened or its groups are not contiguous
+    # (a convolution's NCHW input): converted once, its own dimensions but the groups' in
+    # order and the groups innermost, so that a group is one word again:
+    # Ap[(row * groups + g) * G + t] with `row` over A's other dimensions (NCHW -> NHW[G]c).
+    x_packed = None
+    x_view = outer.views[x_ref.from_]
+    x_dim = next(k for k, a in enumerate(x_ref.access) if t.reduction in a.names)
+    x_keep = [k for k in range(len(x_ref.access)) if k != x_dim]
 
     def x_row(at: dict[str, Affine]) -> Affine:
         row = Affine.constant(0)
-        for n in x_rows:
-            row = row.scale(loops[n]) + at[n]
+        for k in x_keep:
+            row = row.scale(x_view.dims[k].size) + resolve(x_ref.access[k], {**idx, **at},
+                                                           f"refinement {x_ref.into!r}")
         return row
 
-    x_packed = None
-    if x_ref.shape.dtype != a_t.dtype:
+    if x_ref.shape.dtype != a_t.dtype or x_view.dims[x_dim].stride != 1:
         x_packed = low.fresh("l")
-        row_vars = {n: low.fresh("i") for n in x_rows}
-        x_at = {n: Affine.index(v) for n, v in row_vars.items()}
+        how = "widened" if x_ref.shape.dtype != a_t.dtype else "packed"
+        dim_vars = {k: low.fresh("i") for k in x_keep}
         g, e = low.fresh("i"), low.fresh("i")
-        put, value = element(x_ref, {**x_at, t.reduction: Affine.index(g).scale(group)
-                                     + Affine.index(e)}, a_t.dtype)
+        source = x_view.offset + (Affine.index(g).scale(group) + Affine.index(e)).scale(
+            x_view.dims[x_dim].stride)
+        row = Affine.constant(0)
+        for k, v in dim_vars.items():
+            source = source + Affine.index(v).scale(x_view.dims[k].stride)
+            row = row.scale(x_view.dims[k].size) + Affine.index(v)
+        put, value = converted(L.Read(x_view.ptr, source), x_view.dtype, a_t.dtype)
         widen: L.Stmt = L.Loop(g, Affine.constant(0), Affine.constant(groups), (
             L.Loop(e, Affine.constant(0), in_group(g), (
-                *put, L.Store(x_packed, (x_row(x_at).scale(groups) + Affine.index(g))
-                              .scale(group) + Affine.index(e), value))),))
-        for n in reversed(x_rows):
-            widen = L.Loop(row_vars[n], Affine.constant(0), Affine.constant(loops[n]), (widen,))
+                *put, L.Store(x_packed, (row.scale(groups) + Affine.index(g)).scale(group)
+                              + Affine.index(e), value))),))
+        for k in reversed(x_keep):
+            widen = L.Loop(dim_vars[k], Affine.constant(0), Affine.constant(
+                x_view.dims[k].size), (widen,))
         pack.append(widen)
         buffers.append(L.Buffer(x_packed, a_t.dtype,
-                                math.prod(loops[n] for n in x_rows) * groups * group, "heap",
-                                "global", "zero",
-                                label=f"{safe(x_ref.into)} widened for {t.instruction}"))
+                                math.prod(x_view.dims[k].size for k in x_keep) * groups * group,
+                                "heap", "global", "zero",
+                                label=f"{safe(x_ref.into)} {how} for {t.instruction}"))
+
+    # An output whose lanes are not contiguous (a convolution's NKHW: k runs the lanes)
+    # is staged per tile: the tile's elements copied into a small buffer on the stack,
+    # accumulated there as whole vectors and copied back (a few copies per element
+    # against the reduction's C*R*S steps).
+    staged = out_ref.shape.dims[next(k for k, a in enumerate(out_ref.access)
+                                     if t.lane in a.names)].stride != 1
 
     def tile(rows: list[dict[str, Affine]], starts: list[tuple[Affine, int | None]],
              base: Affine) -> list[L.Stmt]:
         """Accumulate a tile: `rows` (indices of the output loops) by chunks of lanes
         starting at `starts` (each with its lane count, None for all), all in the strip
-        of the packed operand that begins at lane `base`, over every group; a chunk's
-        packed operand is loaded once for all rows, a row's broadcast once for all
-        chunks."""
-        outs = [[view(out_ref, {**row, t.lane: s}) for s, _ in starts] for row in rows]
+        of the packed operand that begins at lane `base`, over every group (and window
+        position); a chunk's packed operand is loaded once for all rows, a row's
+        broadcast once for all chunks."""
         accs = [[low.fresh("acc") for _ in starts] for _ in rows]
-        pre = [L.Var(a, acc_t, L.Read(o.ptr, o.offset, lanes, _count(n)))
+        if staged:
+            stage = low.fresh("l")
+            outs = [[(stage, Affine.constant((i * len(starts) + j) * lanes))
+                     for j in range(len(starts))] for i in range(len(rows))]
+        else:
+            outs = [[(o.ptr, o.offset) for o in (view(out_ref, {**row, t.lane: s})
+                                                 for s, _ in starts)] for row in rows]
+        pre = [L.Var(a, acc_t, L.Read(ptr, off, lanes, _count(n)))
                for row_accs, row_outs in zip(accs, outs)
-               for a, o, (_, n) in zip(row_accs, row_outs, starts)]
+               for a, (ptr, off), (_, n) in zip(row_accs, row_outs, starts)]
 
-        def step(gv: Affine, present: int | None) -> list[L.Stmt]:
+        def step(gv: Affine, present: int | None, at: dict[str, Affine]) -> list[L.Stmt]:
+            """Group `gv` at window position `at`."""
             body: list[L.Stmt] = []
             chunk = []
             for start, _ in starts:
                 b = low.fresh("v")
-                body.append(L.Let(b, b_t, L.Read(packed, packed_at(gv, base, start),
-                                                 b_t.lanes)))
+                body.append(L.Let(b, b_t, L.Read(packed, packed_at(
+                    window(at).scale(groups) + gv, base, start), b_t.lanes)))
                 chunk.append(b)
             for row, row_accs in zip(rows, accs):
                 few, a = low.fresh("v"), low.fresh("v")
                 if x_packed is None:
-                    x = view(x_ref, {**row, t.reduction: gv.scale(group)})
+                    x = view(x_ref, {**row, **at, t.reduction: gv.scale(group)})
                     read = L.Read(x.ptr, x.offset, group, _count(present))
                 else:     # zeros past the extent: the last group reads them
-                    read = L.Read(x_packed, (x_row(row).scale(groups) + gv).scale(group), group)
+                    read = L.Read(x_packed, (x_row({**row, **at}).scale(groups) + gv)
+                                  .scale(group), group)
                 body += [L.Let(few, L.VType(a_t.dtype, group), read),
                          L.Let(a, a_t, L.Shuffle(few, few, tuple(range(group)) * lanes))]
                 for acc, b in zip(row_accs, chunk):
@@ -198,6 +262,7 @@ def lower_block(low: Lowering, blk: Block, outer: Scope) -> list[L.Stmt]:
                                  L.Assign(acc, L.Combine(d.aggregation, acc, r))]
             return body
 
+        at_window = {n: Affine.index(low.fresh("i")) for n in red}
         gvar = low.fresh("i")
         inner: list[L.Stmt] = []
         # A packed broadcast operand has zeros past the extent, as Bp does: its last
@@ -205,13 +270,40 @@ def lower_block(low: Lowering, blk: Block, outer: Scope) -> list[L.Stmt]:
         whole = groups if x_packed is not None else n_red // group
         if whole:
             inner.append(L.Loop(gvar, Affine.constant(0), Affine.constant(whole),
-                                tuple(step(Affine.index(gvar), None))))
+                                tuple(step(Affine.index(gvar), None, at_window))))
         if whole < groups:
-            inner += step(Affine.constant(whole), n_red % group)
-        post = [L.Store(o.ptr, o.offset, a, "assign", _count(n))
+            inner += step(Affine.constant(whole), n_red % group, at_window)
+        for n in reversed(red):      # the window's loops around the groups
+            inner = [L.Loop(at_window[n].names[0], Affine.constant(0),
+                            Affine.constant(loops[n]), tuple(inner))]
+        post = [L.Store(ptr, off, a, "assign", _count(n))
                 for row_accs, row_outs in zip(accs, outs)
-                for a, o, (_, n) in zip(row_accs, row_outs, starts)]
-        return pre + inner + post
+                for a, (ptr, off), (_, n) in zip(row_accs, row_outs, starts)]
+        if not staged:
+            return pre + inner + post
+        return [L.Alloc((L.Buffer(stage, acc_t.dtype, len(rows) * len(starts) * lanes,
+                                  "stack", label="a tile of the output"),),
+                        (*staged_copy(rows, starts, stage, True), *pre, *inner, *post,
+                         *staged_copy(rows, starts, stage, False)))]
+
+    def staged_copy(rows: list[dict[str, Affine]], starts: list[tuple[Affine, int | None]],
+                    stage: str, into: bool) -> list[L.Stmt]:
+        """Copy a tile of the output into its staging buffer (`into`) or back."""
+        copies: list[L.Stmt] = []
+        for j, (start, n) in enumerate(starts):
+            lane = low.fresh("i")
+            body: list[L.Stmt] = []
+            for i, row in enumerate(rows):
+                o = view(out_ref, {**row, t.lane: start + Affine.index(lane)})
+                here = Affine.constant((i * len(starts) + j) * lanes) + Affine.index(lane)
+                src, dst = ((o.ptr, o.offset), (stage, here)) if into else \
+                    ((stage, here), (o.ptr, o.offset))
+                value = low.fresh("s")
+                body += [L.Let(value, L.VType(acc_t.dtype), L.Read(*src)),
+                         L.Store(dst[0], dst[1], value)]
+            copies.append(L.Loop(lane, Affine.constant(0), Affine.constant(
+                lanes if n is None else n), tuple(body)))
+        return copies
 
     def lanes_of(rows: list[dict[str, Affine]], start: Affine, count: int) -> list[L.Stmt]:
         """The tiles of lanes [start, start + count): t.chains chunks at a time (one
@@ -237,10 +329,6 @@ def lower_block(low: Lowering, blk: Block, outer: Scope) -> list[L.Stmt]:
             body += tile(rows, [(start + full * lanes, tail)], last)
         return body
 
-    if red:
-        raise IRError(f"block {blk.name}: {t.instruction} with reduction loops other than "
-                      f"{t.reduction} is not lowered yet",
-                      hint="pass tensorize leaves such blocks to the vector code")
     # Output loops: all but the last are looped outside; the last one's rows are taken
     # t.rows at a time (then one at a time), inside blocks of COLUMNS lanes, so that a block
     # of the packed operand stays in cache while every row streams past it. If the rows
@@ -287,10 +375,15 @@ def lower_block(low: Lowering, blk: Block, outer: Scope) -> list[L.Stmt]:
         elif many:
             nest += over_columns(rows_of(Affine.constant(0), Affine.constant(many), t.rows,
                                          "serial"))
-        if loops[last] % t.rows:
-            # fewer rows than a tile: in threads only if they are all there is
+        left = loops[last] % t.rows
+        if left:
+            # the rows left over: one narrower tile (a convolution's 14-wide rows are
+            # 4 tiles of 3 and one of 2), but in threads, one row each, if they are all
+            # there is
+            alone = threads and not many
             nest += over_columns(rows_of(Affine.constant(many), Affine.constant(loops[last]),
-                                         1, "parallel" if threads and not many else "serial"))
+                                         1 if alone else left,
+                                         "parallel" if alone else "serial"))
     for name in reversed(par[:-1]):
         kind = "parallel" if blk.schedule.parallel == name else "serial"
         nest = [L.Loop(outer_vars[name], Affine.constant(0), Affine.constant(loops[name]),

@@ -2,16 +2,29 @@
 
 For every top-level contraction, the inspector (polytile.isa.inspect) lists the
 mappings of each instruction the target has; this pass takes the first mapping of a
-lane-dot instruction (one lane loop, one reduction loop: vpdpbusd, vdpbf16ps, and
+lane-dot instruction (one lane loop, one reduction loop of its own: vpdpbusd, vdpbf16ps, and
 vpmaddwd, which has no accumulator operand: its result is added to the accumulator) that
 the lowering (polytile.loops.tensorize) can lay out; instructions that do more products
 per instruction come first (vpdpbusd's 32 or 64 before vpmaddwd's 16 or 32), so an AVX2
 host without AVX-VNNI runs a u8 x s8 matmul on vpmaddwd, its operands widened to int16:
 
-* the output is unit-stride along the lane loop (an accumulator is stored whole);
-* the broadcast operand is unit-stride along the reduction loop (a group is one load);
-* the other operand reads plain subscripts of the lane and reduction loops and nothing
-  else (it is packed once per call into groups of lanes).
+* the output has one subscript that is the lane loop alone (where it is unit-stride an
+  accumulator is stored whole; elsewhere, a convolution's NKHW, the lowering stages
+  each tile through a stack buffer);
+* the broadcast operand has one subscript that is the reduction loop alone and reads no
+  lane (where it is not unit-stride or is widened, it is packed once per call with the
+  groups innermost: a convolution's NCHW input as NHW[G]c);
+* the other operand reads plain subscripts of the lane and reduction loops and the other
+  reduction loops (a convolution's window) and nothing else (it is packed once per call
+  into groups of lanes, per window position).
+
+The other reduction loops stay reductions around the instruction (UNIT §IV-B: only the
+instruction's loops are tiled innermost):
+
+    block s0 [n:1, k:K, h:OH, o:OW, c:C, r:R, s:S] #contraction #kernel (
+      out y <- y[n, k, h, o] int32:add                   ->  #tensorized schedule(
+      in x <- x[n, c, h + r, o + s] uint8                      parallel(h),
+      in w <- w[k, c, r, s] int8 )                             tensorize(vpmaddwd_256, k, c, 3, 4))
 
 It records `schedule(tensorize(instruction, lane, reduction, rows, chains))` and tags
 the block `tensorized` instead of `kernel`/`contraction`, so the later passes leave it
@@ -94,7 +107,7 @@ def _tensorized(block: N.Block, usable: list[Description], target: Target) -> N.
             broadcast, packed = views[first], views[second]
             if m.broadcast != (first,):
                 continue
-            if layable(block, lane, red, broadcast, packed) and _one_reduction(block, red):
+            if layable(block, lane, red, broadcast, packed):
                 rows = max(1, min(ROWS, (target.vector_registers - 2) // CHAINS))
                 return _record(block, N.Tensorized(d.name, lane, red, rows, CHAINS))
     return block
@@ -103,23 +116,22 @@ def _tensorized(block: N.Block, usable: list[Description], target: Target) -> N.
 def layable(block: N.Block, lane: str, red: str, broadcast: str, packed: str) -> bool:
     """Whether the lowering can lay the operands out (see the module docstring)."""
     out = output(block)
-    return (out is not None and _unit(out, lane) and _unit(block.ref(broadcast), red)
-            and _plain(block.ref(packed), {lane, red}))
+    if out is None:
+        return False
+    # the other reductions loop around the groups; an index of one iteration is 0
+    others = set(other_reductions(block, red)) | {i.name for i in block.idxs if i.range == 1}
+    return (unit_dim(out, lane) is not None and unit_dim(block.ref(broadcast), red) is not None
+            and not (uses(block.ref(broadcast)) & {lane})
+            and _plain(block.ref(packed), {lane, red} | others))
 
 
-def _one_reduction(block: N.Block, red: str) -> bool:
-    """The instruction's groups are the block's only reduction (the lowering loops no
-    other one yet)."""
+def other_reductions(block: N.Block, red: str) -> list[str]:
+    """The block's reduction loops besides the instruction's groups (a convolution's
+    window: r, s), in block order; the lowering loops them around the groups."""
     out = output(block)
     written = uses(out) if out is not None else set()
-    return all(i.name in written or i.name == red or i.range == 1
-               for i in block.idxs if i.affine is None)
-
-
-def _unit(ref: N.Refinement, index: str) -> bool:
-    """`index` moves `ref` by one element: alone, coefficient 1, in a dimension of stride 1."""
-    d = unit_dim(ref, index)
-    return d is not None and ref.shape.dims[d].stride == 1
+    return [i.name for i in block.idxs if i.affine is None and i.range > 1
+            and i.name not in written and i.name != red]
 
 
 def _plain(ref: N.Refinement, indices: set[str]) -> bool:
