@@ -161,18 +161,25 @@ def choose_schedule(block: N.Block, target: Target) -> Schedule:
         vector = ranked[0] if ranked else None
     vectors = 1
     gathered = _gathers(block)
+    picks = _unroll_picks(block, parallel, vector, loops) if vector is not None else []
     # Two vectors along the vector index: always with AVX-512's 32 registers (12x32
     # tiles); with AVX2's 16 for register tiles (BLIS's 6x16), which then read one packed
     # panel (pack's width) as whole cache lines, where 4 rows x 3 panels of 8 lanes read
     # three streams 64 KB apart (one thread, Zen 3 EPYC: tmm 960^3 31.4 -> 27.4 ms, tbmm
     # 5.7 -> 5.2 ms) -- unless the pairs would leave more lanes idle than single vectors
     # (a 56-wide convolution row: 7 full vectors, or 3 pairs and a half-empty one: 4.1 ->
-    # 26 ms), or the output's rows lie a multiple of a page apart: six of them then share
-    # one set of L1 (tmm 128x1024x1024 5.5 -> 5.9 ms, MLP3 1024^4 17.5 -> 18.2 ms).
-    if vector in parallel and loops[vector] >= 2 * lanes and (
-            target.vector_registers >= 24
-            or (reductions and -(-loops[vector] // (2 * lanes)) * 2
-                <= -(-loops[vector] // lanes) and not _page_rows(out, vector, loops))):
+    # 26 ms), or the output rows the register tile spans lie a multiple of a page apart:
+    # six of them then share one set of L1 (tmm 128x1024x1024 5.5 -> 5.9 ms, MLP3 1024^4
+    # 17.5 -> 18.2 ms). On AVX2 a row shorter than a pair takes one pair where it would
+    # take two single vectors anyway (gconv's 12-wide rows, two threads, Zen 3: 14.0 ->
+    # 10.5 ms median, the tuner's find; its images lie pages apart, but the tile spans
+    # its channels and rows, not images). AVX-512 keeps pairs for rows of two vectors
+    # or more (not measured otherwise).
+    if vector in parallel and (
+            target.vector_registers >= 24 and loops[vector] >= 2 * lanes
+            or (target.vector_registers < 24 and loops[vector] > lanes and reductions
+                and -(-loops[vector] // (2 * lanes)) * 2 <= -(-loops[vector] // lanes)
+                and not _page_rows(out, picks, loops))):
         vectors = 2
     if vector in parallel and gathered:
         vectors = max(1, min(GATHER_VECTORS, -(-loops[vector] // lanes)))
@@ -184,15 +191,6 @@ def choose_schedule(block: N.Block, target: Target) -> Schedule:
     # 17.1 ms with the old 6x4 tile on its normalize, 11.3 ms without).
     if vector is not None and reductions:
         inputs = [r for r in block.refs if r.dir == "in"]
-        reuse = {n: sum(1 for r in inputs if not any(a.coeff(n) for a in r.access))
-                 for n in parallel if n != vector and loops[n] > 1}
-        # Of equal reuse, the index whose rows lie closest in memory: a register tile's
-        # loads then share cache lines (a convolution's neighbouring output rows, 30
-        # floats apart, rather than images 230400 floats apart).
-        spread = {n: max((abs(a.coeff(n)) * d.stride for r in inputs
-                          for a, d in zip(r.access, r.shape.dims)), default=0) for n in reuse}
-        picks = sorted((n for n in reuse if reuse[n] > 0),
-                       key=lambda n: (-reuse[n], spread[n], n))[:2]
         budget = registers // vectors
         if len(picks) == 2:
             # An unrolled index whose operand also runs along the vector index loads
@@ -235,6 +233,22 @@ def choose_schedule(block: N.Block, target: Target) -> Schedule:
                     tuple(sorted(tiles.items())), parallel=threaded, prefetch=prefetch)
 
 
+def _unroll_picks(block: N.Block, parallel: list[str], vector: str,
+                  loops: dict[str, int]) -> list[str]:
+    """The (at most two) parallel indices a register tile unrolls: those that most
+    inputs do not use (each load then feeds that many multiply-adds); of equal reuse,
+    the index whose rows lie closest in memory, so the tile's loads share cache lines (a
+    convolution's neighbouring output rows, 30 floats apart, rather than images 230400
+    floats apart)."""
+    inputs = [r for r in block.refs if r.dir == "in"]
+    reuse = {n: sum(1 for r in inputs if not any(a.coeff(n) for a in r.access))
+             for n in parallel if n != vector and loops[n] > 1}
+    spread = {n: max((abs(a.coeff(n)) * d.stride for r in inputs
+                      for a, d in zip(r.access, r.shape.dims)), default=0) for n in reuse}
+    return sorted((n for n in reuse if reuse[n] > 0),
+                  key=lambda n: (-reuse[n], spread[n], n))[:2]
+
+
 def _accumulators(target: Target, vectors: int) -> int:
     """Vector registers a register tile may hold as accumulators: all but a quarter of the
     file (at least one step's loaded vectors and two) for operands, broadcasts and the
@@ -245,12 +259,12 @@ def _accumulators(target: Target, vectors: int) -> int:
     return max(8, target.vector_registers - reserve)
 
 
-def _page_rows(out: N.Refinement, vector: str, loops: dict[str, int]) -> bool:
-    """Whether the output's rows (a dimension a loop other than the vector index runs
-    along) lie a multiple of a page apart, so that an L1 indexed within the page puts
-    them in one set."""
+def _page_rows(out: N.Refinement, rows: list[str], loops: dict[str, int]) -> bool:
+    """Whether the output rows a register tile spans (the dimensions its unrolled
+    indices `rows` run along) lie a multiple of a page apart, so that an L1 indexed
+    within the page puts them in one set."""
     elem = max(1, out.shape.dtype.bits // 8)
-    return any(not a.coeff(vector) and any(loops.get(n, 1) > 1 for n in a.names)
+    return any(any(a.coeff(n) and loops.get(n, 1) > 1 for n in rows)
                and (d.stride * elem) % PAGE_BYTES == 0
                for a, d in zip(out.access, out.shape.dims))
 

@@ -115,3 +115,29 @@ def test_one_broadcast_operand_takes_two_vectors_on_avx2() -> None:
     before = lowered(atb, {"A": (53, 37), "B": (53, 45)})
     after = autotile(before, avx2, {})
     check_pass("autotile_atb_cpu-avx2", before, after)
+
+
+GCONV = """
+def gconv(float(N,G,C,H,W) I, float(G,F,C,KH,KW) W1) -> (O) {
+  O(n,g,o,h,w) +=! I(n,g,i, h + kh, w + kw) * W1(g,o,i,kh,kw)
+}
+"""
+
+
+def test_rows_shorter_than_a_pair_take_one_pair_on_avx2() -> None:
+    # 12-wide convolution rows take two single vectors (8 + 4 lanes) or one pair: the
+    # pair is one tile where the singles need a second, masked one (the tuner's find on
+    # gconv 32x32x16x16x14x14). The images lie a multiple of a page apart, but the
+    # register tile spans output channels and rows, not images.
+    shapes = {"I": (2, 3, 4, 14, 14), "W1": (3, 5, 4, 3, 3)}
+    before = lowered(GCONV, shapes)
+    schedule = choose_schedule(block(before, "s0"), target("cpu-avx2"))
+    assert (schedule.vector, schedule.vectors) == ("w", 2)
+    assert "n" not in dict(schedule.unroll)
+    from .helpers import assert_same_meaning
+    assert_same_meaning(before, autotile(before, target("cpu-avx2"), {}), tolerance=1e-4)
+    # Output rows a page apart along a tile's rows keep single vectors (tmm, 1024 wide).
+    tmm = PROGRAMS["tmm"][0]
+    wide = choose_schedule(block(lowered(tmm, {"A": (64, 32), "B": (1024, 32)}), "s0"),
+                           target("cpu-avx2"))
+    assert wide.vectors == 1
