@@ -424,12 +424,20 @@ def autotile(fn: N.Function, target: Target, params: dict[str, Any]) -> N.Functi
 
 def _kernel_blocks(s: N.Statement) -> list[N.Block]:
     """The blocks autotile schedules: leaf kernels, at top level or in a fused block."""
+    return [b for b, _ in scheduled_blocks(s)]
+
+
+def scheduled_blocks(s: N.Statement) -> list[tuple[N.Block, bool]]:
+    """(block, member) for each block autotile schedules in statement `s`: a leaf kernel
+    (member False); the leaf kernels of a fused block (member True: a register tile
+    only, the fused row loop is the parallel one); those of a stitched block's phases,
+    each scheduled as a kernel of its own."""
     if _is_leaf_kernel(s):
-        return [s]  # type: ignore[list-item]
+        return [(s, False)]  # type: ignore[list-item]
     if isinstance(s, N.Block) and "fused" in s.tags:
-        return [m for m in s.stmts if _is_leaf_kernel(m)]  # type: ignore[misc]
+        return [(m, True) for m in s.stmts if _is_leaf_kernel(m)]  # type: ignore[misc]
     if isinstance(s, N.Block) and "stitched" in s.tags:
-        return [k for m in s.stmts for k in _kernel_blocks(m)]
+        return [k for m in s.stmts for k in scheduled_blocks(m)]
     return []
 
 

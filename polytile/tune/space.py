@@ -56,7 +56,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from polytile.ir import nodes as N
-from polytile.passes.autotile import choose_schedule, typed_vector_candidates
+from polytile.passes.autotile import choose_schedule, scheduled_blocks, typed_vector_candidates
 from polytile.passes.schedule import Schedule, _is_parallel, full_lanes, gathers
 from polytile.targets.target import Target
 from polytile.tune.options import Options
@@ -265,28 +265,9 @@ def kernel_blocks(fn: N.Function, target: Target) -> list[KernelBlock]:
     without autotile: a GPU target's decisions are all pipeline choices)."""
     if "autotile" not in {name for name, _ in target.passes}:
         return []
-    return [kb for s in fn.body.stmts for kb in _blocks_of(s, target)]
-
-
-def _blocks_of(s: N.Statement, target: Target) -> list[KernelBlock]:
-    """The blocks autotile schedules in one statement (as autotile._kernel_blocks finds
-    them): a leaf kernel; the members of a fused block (register tile only); the phases
-    of a stitched block, each scheduled as a kernel of its own."""
-    if _is_leaf_kernel(s):
-        assert isinstance(s, N.Block)
-        return [KernelBlock(s, False, choose_schedule(s, target))]
-    if isinstance(s, N.Block) and "fused" in s.tags:
-        return [KernelBlock(m, True, replace(choose_schedule(m, target), tiles=(),
-                                             parallel=False))
-                for m in s.stmts if isinstance(m, N.Block) and _is_leaf_kernel(m)]
-    if isinstance(s, N.Block) and "stitched" in s.tags:
-        return [kb for m in s.stmts for kb in _blocks_of(m, target)]
-    return []
-
-
-def _is_leaf_kernel(s: N.Statement) -> bool:
-    return (isinstance(s, N.Block) and "kernel" in s.tags
-            and not any(isinstance(x, N.Block) for x in s.stmts))
+    return [KernelBlock(b, member, replace(choose_schedule(b, target), tiles=(), parallel=False)
+                        if member else choose_schedule(b, target))
+            for s in fn.body.stmts for b, member in scheduled_blocks(s)]
 
 
 def tile_sizes(extent: int) -> list[int]:
