@@ -74,7 +74,7 @@ def _written_first(scope: Scope, view: str) -> bool:
     block = scope.block
     if _writes_only(block, {view}):
         return True
-    k = next((k for k, st in enumerate(block.stmts) if _touches(st, view)), None)
+    k = next((k for k, st in enumerate(block.stmts) if touches(st, view)), None)
     if k is None:
         return True
     first = block.stmts[k]
@@ -99,7 +99,8 @@ def _part(scope: Scope, stmts: tuple[Statement, ...]) -> Scope:
     return replace(scope, block=replace(scope.block, stmts=tuple(stmts)))
 
 
-def _touches(st: Statement, name: str) -> bool:
+def touches(st: Statement, name: str) -> bool:
+    """Whether statement `st` of a block reads or writes the block's buffer `name`."""
     if isinstance(st, Block):
         return any(r.from_ == name for r in st.refs)
     if isinstance(st, (Load, Store)):

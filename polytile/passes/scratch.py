@@ -30,7 +30,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from polytile.analysis.overwrite import overwritten_first
+from polytile.analysis.overwrite import overwritten_first, touches
 from polytile.ir import nodes as N
 from polytile.passes.pipeline import flag, register
 from polytile.targets.target import Target
@@ -81,7 +81,7 @@ def _inside(stitched: N.Block) -> N.Block:
 
 def _span(block: N.Block, name: str) -> tuple[int, int] | None:
     """(first, last) position among `block`'s statements of those that touch `name`."""
-    touching = [k for k, s in enumerate(block.stmts) if _touches(s, name)]
+    touching = [k for k, s in enumerate(block.stmts) if touches(s, name)]
     return (touching[0], touching[-1]) if touching else None
 
 
@@ -90,16 +90,6 @@ def _written_first(block: N.Block, name: str, first: int, last: int, nested: boo
     is written before it is read."""
     part = replace(block, stmts=block.stmts[first:last + 1])
     return name in overwritten_first(part, nested=nested)
-
-
-def _touches(s: N.Statement, name: str) -> bool:
-    if isinstance(s, N.Block):
-        return any(r.from_ == name for r in s.refs)
-    if isinstance(s, (N.Load, N.Store)):
-        return s.ref == name
-    if isinstance(s, N.Special):
-        return name in s.inputs or name in s.outputs
-    return False
 
 
 def _rename(s: N.Statement, renamed: dict[str, str]) -> N.Statement:
