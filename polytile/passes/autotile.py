@@ -7,7 +7,9 @@ For every leaf kernel block:
    no data-dependent offset depends on. A parallel one gives outer-product
    micro-kernels (matmul, elementwise); a reduction one gives dot-product
    kernels with a horizontal sum (tmm, row reductions).
-2. register tile: up to two other parallel indices that some input does not
+2. register tile: its width along the vector index (`register_vectors`, the one
+   decision, which pass pack also asks to size its panels), and up to two other
+   parallel indices that some input does not
    depend on (its loads are reused across the unrolled copies; of equal reuse, the
    one whose rows lie closest in memory), the broadcast one first, with as many
    accumulators as fit beside the vectors held through a step and one broadcast
@@ -31,11 +33,10 @@ from polytile.analysis.deps import scalar_indices
 from polytile.analysis.vectorizable import MASKED_LANES
 from polytile.ir import nodes as N
 from polytile.ir.phases import stitch_schedule
-from polytile.passes.pack import PAGE_BYTES
 from polytile.passes.pipeline import register
 from polytile.errors import ArgumentError
-from polytile.passes.schedule import (Schedule, _is_parallel, apply_schedule, check_schedule,
-                                      thread_loop)
+from polytile.passes.schedule import (PAGE_BYTES, Schedule, _is_parallel, apply_schedule,
+                                      check_schedule, panel_index, thread_loop)
 from polytile.targets.target import Target
 
 VECTOR_DTYPES = ("float32", "float64", "int32", "int64")
@@ -152,37 +153,9 @@ def choose_schedule(block: N.Block, target: Target) -> Schedule:
     parallel = [n for n in loops if _is_parallel(block, n)]
     reductions = [n for n in loops if n not in parallel]
     lanes = target.vector_bytes // max(1, dtype.bits // 8)
-    vector = None
-    candidates = typed_vector_candidates(block)
-    if candidates:
-        ranked = ([n for n in candidates if n in parallel and loops[n] >= lanes]
-                  + [n for n in candidates if n in reductions and loops[n] >= lanes]
-                  + [n for n in candidates if n in parallel])
-        vector = ranked[0] if ranked else None
-    vectors = 1
+    vector, vectors = register_vectors(block, target)
     gathered = _gathers(block)
     picks = _unroll_picks(block, parallel, vector, loops) if vector is not None else []
-    # Two vectors along the vector index: always with AVX-512's 32 registers (12x32
-    # tiles); with AVX2's 16 for register tiles (BLIS's 6x16), which then read one packed
-    # panel (pack's width) as whole cache lines, where 4 rows x 3 panels of 8 lanes read
-    # three streams 64 KB apart (one thread, Zen 3 EPYC: tmm 960^3 31.4 -> 27.4 ms, tbmm
-    # 5.7 -> 5.2 ms) -- unless the pairs would leave more lanes idle than single vectors
-    # (a 56-wide convolution row: 7 full vectors, or 3 pairs and a half-empty one: 4.1 ->
-    # 26 ms), or the output rows the register tile spans lie a multiple of a page apart:
-    # six of them then share one set of L1 (tmm 128x1024x1024 5.5 -> 5.9 ms, MLP3 1024^4
-    # 17.5 -> 18.2 ms). On AVX2 a row shorter than a pair takes one pair where it would
-    # take two single vectors anyway (gconv's 12-wide rows, two threads, Zen 3: 14.0 ->
-    # 10.5 ms median, the tuner's find; its images lie pages apart, but the tile spans
-    # its channels and rows, not images). AVX-512 keeps pairs for rows of two vectors
-    # or more (not measured otherwise).
-    if vector in parallel and (
-            target.vector_registers >= 24 and loops[vector] >= 2 * lanes
-            or (target.vector_registers < 24 and loops[vector] > lanes and reductions
-                and -(-loops[vector] // (2 * lanes)) * 2 <= -(-loops[vector] // lanes)
-                and not _page_rows(out, picks, loops))):
-        vectors = 2
-    if vector in parallel and gathered:
-        vectors = max(1, min(GATHER_VECTORS, -(-loops[vector] // lanes)))
     registers = _accumulators(target, vectors)
     unroll: list[tuple[str, int]] = []
     # Register tiles pay by reusing loaded operands across multiply-adds; without a
@@ -206,18 +179,6 @@ def choose_schedule(block: N.Block, target: Target) -> Schedule:
             unroll = _register_tile(picks, loops, vectors, registers, loaded,
                                     target.vector_registers)
         elif picks:
-            # Where lanes cannot be masked (SSE's 4), a vector tile that does not divide
-            # the range would run its boundary tiles as scalar code.
-            if (vectors == 1 and vector in parallel and loops[vector] >= 2 * lanes
-                    and (lanes in MASKED_LANES or loops[vector] % (2 * lanes) == 0)):
-                # One broadcast operand (A in A B, dY in dW = dY^T X): the tile's second
-                # dimension is two vectors along the vector index, BLIS's 6x16 on AVX2.
-                # One vector and 8 broadcasts keep 8 accumulators, too few to hide the
-                # FMA latency: dW and dX of MLP1 (128x2000x128, one thread, Zen 3) ran
-                # ~20% slower in 8x8 tiles than in 6x16.
-                vectors = 2
-                registers = _accumulators(target, vectors)
-                budget = registers // vectors
             unroll = [(picks[0], min(loops[picks[0]], budget, 12 if vectors == 2 else 8))]
     # An OpenMP region costs microseconds: not worth it for tiny kernels.
     threaded = work(block) >= PARALLEL_MIN_WORK
@@ -231,6 +192,73 @@ def choose_schedule(block: N.Block, target: Target) -> Schedule:
                                      and tables > target.cache_size("L2")) else 0
     return Schedule(vector, lanes if vector else 1, tuple(unroll), vectors if vector else 1,
                     tuple(sorted(tiles.items())), parallel=threaded, prefetch=prefetch)
+
+
+def _vector_index(block: N.Block, loops: dict[str, int], parallel: list[str],
+                  lanes: int) -> str | None:
+    """A parallel candidate at least a vector long, else a reduction one, else any
+    parallel one (step 1 above)."""
+    candidates = typed_vector_candidates(block)
+    ranked = ([n for n in candidates if n in parallel and loops[n] >= lanes]
+              + [n for n in candidates if n not in parallel and loops[n] >= lanes]
+              + [n for n in candidates if n in parallel])
+    return ranked[0] if ranked else None
+
+
+def register_vectors(block: N.Block, target: Target,
+                     panels: bool = True) -> tuple[str | None, int]:
+    """(vector index, vectors along it in one register tile): the one decision of the
+    register tile's width. Pass pack, which runs first, asks it (`panels=False`) how
+    many vectors of a block split into panels two vectors wide a tile would read, and
+    cuts the panels to one vector where the answer is one; on the packed block the
+    answer is then the panel's width, so the micro-kernel reads one panel per step."""
+    loops = {i.name: i.range for i in block.idxs if i.affine is None}
+    out = next((r for r in block.refs if r.dir in ("out", "inout")), None)
+    if out is None or not loops:
+        return None, 1
+    parallel = [n for n in loops if _is_parallel(block, n)]
+    reductions = [n for n in loops if n not in parallel]
+    lanes = target.vector_bytes // max(1, out.shape.dtype.bits // 8)
+    vector = _vector_index(block, loops, parallel, lanes)
+    if vector is None:
+        return None, 1
+    if panels and panel_index(vector) in loops:
+        return vector, max(1, loops[vector] // lanes)
+    if vector not in parallel:
+        return vector, 1
+    if _gathers(block):
+        return vector, max(1, min(GATHER_VECTORS, -(-loops[vector] // lanes)))
+    picks = _unroll_picks(block, parallel, vector, loops)
+    # Two vectors along the vector index: always with AVX-512's 32 registers (12x32
+    # tiles); with AVX2's 16 for register tiles (BLIS's 6x16), which then read one packed
+    # panel (pack's width) as whole cache lines, where 4 rows x 3 panels of 8 lanes read
+    # three streams 64 KB apart (one thread, Zen 3 EPYC: tmm 960^3 31.4 -> 27.4 ms, tbmm
+    # 5.7 -> 5.2 ms) -- unless the pairs would leave more lanes idle than single vectors
+    # (a 56-wide convolution row: 7 full vectors, or 3 pairs and a half-empty one: 4.1 ->
+    # 26 ms), or the output rows the register tile spans lie a multiple of a page apart:
+    # six of them then share one set of L1 (tmm 128x1024x1024 5.5 -> 5.9 ms, MLP3 1024^4
+    # 17.5 -> 18.2 ms). On AVX2 a row shorter than a pair takes one pair where it would
+    # take two single vectors anyway (gconv's 12-wide rows, two threads, Zen 3: 14.0 ->
+    # 10.5 ms median, the tuner's find; its images lie pages apart, but the tile spans
+    # its channels and rows, not images). AVX-512 keeps pairs for rows of two vectors
+    # or more (not measured otherwise).
+    if (target.vector_registers >= 24 and loops[vector] >= 2 * lanes
+            or (target.vector_registers < 24 and loops[vector] > lanes and reductions
+                and -(-loops[vector] // (2 * lanes)) * 2 <= -(-loops[vector] // lanes)
+                and not _page_rows(out, picks, loops))):
+        return vector, 2
+    if not reductions:
+        return vector, 1
+    # One broadcast operand (A in A B, dY in dW = dY^T X): the tile's second dimension is
+    # two vectors along the vector index, BLIS's 6x16 on AVX2. One vector and 8
+    # broadcasts keep 8 accumulators, too few to hide the FMA latency: dW and dX of MLP1
+    # (128x2000x128, one thread, Zen 3) ran ~20% slower in 8x8 tiles than in 6x16. Where
+    # lanes cannot be masked (SSE's 4), a vector tile that does not divide the range
+    # would run its boundary tiles as scalar code.
+    if (len(picks) == 1 and loops[vector] >= 2 * lanes
+            and (lanes in MASKED_LANES or loops[vector] % (2 * lanes) == 0)):
+        return vector, 2
+    return vector, 1
 
 
 def _unroll_picks(block: N.Block, parallel: list[str], vector: str,

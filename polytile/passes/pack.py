@@ -56,8 +56,9 @@ from polytile.dtypes import DType
 from polytile.ir import nodes as N
 from polytile.ir.lower import contiguous
 from polytile.isa.inspect import widens
+from polytile.passes.autotile import register_vectors
 from polytile.passes.pipeline import count, flag, register
-from polytile.passes.schedule import _is_parallel, panel_index
+from polytile.passes.schedule import PAGE_BYTES, _is_parallel, panel_index
 from polytile.passes.tile import substitute_local
 from polytile.targets.target import Target
 
@@ -70,9 +71,6 @@ def unit_dim(ref: N.Refinement, index: str) -> int | None:
     return dims[0]
 
 
-# An L1 data cache indexed by the address within a page has a page's worth of sets per
-# way (Haswell to Zen 3: 32 KiB, 8 ways of 4 KiB; Ice Lake: 48 KiB, 12 ways of 4 KiB).
-PAGE_BYTES = 4096
 # Reuse (multiply-adds per element) above which copying an operand whose rows lie a page
 # or more apart pays: the copy costs a load and a store per element. dX and dW of MLP1
 # (rows 8000 bytes apart, used 128 times; one thread, Zen 3, load ~5.6): 1.50 -> 1.17
@@ -319,16 +317,29 @@ def _pack_members(container: N.Block, target: Target, settings: tuple[int, int],
             stmts.append(s)
             continue
         v, packs = plan
-        vrange = next(i.range for i in s.idxs if i.name == v)
-        width = lanes * (2 if vrange >= 2 * lanes else 1)
-        copies = {ref.into: _Copy.of(s, ref, d, width, widened(s, ref)) for ref, d in packs}
-        s = split_index(s, v, width)
-        for into, copy in copies.items():
-            looped = tuple(s.ref(into).access[j] for j in copy.looped)
-            s = _reading(s, into, place(copy), copy, (N.Affine.index(panel_index(v)),)
-                         + looped + (N.Affine.index(v),))
-        stmts.append(s)
+        # A panel is one register tile wide: autotile's decision (register_vectors),
+        # asked of the block in panels of two vectors; autotile then takes the width.
+        width = lanes
+        if next(i.range for i in s.idxs if i.name == v) >= 2 * lanes:
+            trial = _in_panels(s, v, packs, 2 * lanes, lambda copy: copy.ref.from_)
+            if register_vectors(trial, target, panels=False) == (v, 2):
+                width = 2 * lanes
+        stmts.append(_in_panels(s, v, packs, width, place))
     return replace(container, refs=tuple(new_refs), stmts=tuple(stmts))
+
+
+def _in_panels(block: N.Block, v: str, packs: list[tuple[N.Refinement, int]], width: int,
+               place: Callable[[_Copy], str]) -> N.Block:
+    """`block` with index `v` split into panels of `width` and the views `packs` read
+    from their panel copies, in the buffers `place` names."""
+    copies = {ref.into: _Copy.of(block, ref, d, width, widened(block, ref))
+              for ref, d in packs}
+    block = split_index(block, v, width)
+    for into, copy in copies.items():
+        looped = tuple(block.ref(into).access[j] for j in copy.looped)
+        block = _reading(block, into, place(copy), copy, (N.Affine.index(panel_index(v)),)
+                         + looped + (N.Affine.index(v),))
+    return block
 
 
 def _reading(block: N.Block, into: str, name: str, copy: _Copy,

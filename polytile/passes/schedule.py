@@ -30,6 +30,9 @@ MAX_UNROLL = 64           # register tile factor of one index
 MAX_VECTORS = 16          # vectors per register tile along the vector index
 MAX_REGISTER_TILE = 256   # copies of the body in one micro-kernel (unroll product x vectors)
 MAX_PREFETCH = 64         # iterations a gathered row is prefetched ahead
+# An L1 data cache indexed by the address within a page has a page's worth of sets per
+# way (Haswell to Zen 3: 32 KiB, 8 ways of 4 KiB; Ice Lake: 48 KiB, 12 ways of 4 KiB).
+PAGE_BYTES = 4096
 
 
 @dataclass(frozen=True)

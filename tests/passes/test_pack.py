@@ -100,3 +100,22 @@ def test_rows_a_page_apart_are_packed_when_reused_enough() -> None:
     assert packed.shape.sizes == (35, 20, 32)
     rarely = lowered(MM, {"A": (5, 20), "B": (20, 1100)})
     assert pack(rarely, AVX512, {"min_reuse": 4}) == rarely
+
+
+def test_panels_are_one_register_tile_wide() -> None:
+    # One decision (autotile.register_vectors) sizes both the panels and the register
+    # tile: where the output rows a tile spans lie a page apart (tmm with N = 1024
+    # floats) an AVX2 tile holds one vector per panel, so the panels are one vector
+    # wide and the micro-kernel reads each whole; elsewhere two vectors, panels of 16.
+    from polytile.passes.autotile import autotile, register_vectors
+
+    from .helpers import assert_same_meaning, block
+    avx2 = target("cpu-avx2")
+    for n, width in ((1024, 8), (70, 16)):
+        before = lowered(TMM, {"A": (13, 19), "B": (n, 19)})
+        after = pack(before, avx2, {"min_reuse": 4})
+        (packed,) = [r for r in after.body.refs if r.dir == "none"]
+        assert packed.shape.sizes == (-(-n // width), 19, width)
+        assert register_vectors(block(after, "s0"), avx2) == ("n", width // 8)
+        assert_same_meaning(before, autotile(after, avx2, {}), tolerance=1e-4,
+                            sum_of_products=True)
