@@ -180,3 +180,52 @@ def test_chains_do_fuse() -> None:
     fused = fuse(lowered(source, {"X": (4, 5)}), target("cpu-generic"), {})
     assert [b.tags for b in fused.body.stmts if isinstance(b, N.Block)] == [
         frozenset({"fused"})]
+
+
+# ------------------------------------------------- panels as wide as the register tile
+
+@st.composite
+def packed_contractions(draw: st.DrawFn) -> tuple[str, dict[str, tuple[int, ...]]]:
+    """C(m, n) +=! A(..) * B(..) with B read across n (tmm's B(n, k), or B(k, n) with
+    rows a page apart), sizes that pack copies and that do not divide the tiles."""
+    transposed = draw(st.booleans(), label="B(n, k)")
+    m = draw(st.integers(4, 40), label="M")
+    n = draw(st.sampled_from([9, 16, 23, 40, 70, 1024]), label="N")
+    k = draw(st.integers(2, 24), label="K")
+    b = "B(n, kk)" if transposed else "B(kk, n)"
+    source = (f"def f(float(M,K) A, float({'N,K' if transposed else 'K,N'}) B) -> (C) {{\n"
+              f"  C(m, n) +=! A(m, kk) * {b}\n}}\n")
+    return source, {"A": (m, k), "B": (n, k) if transposed else (k, n)}
+
+
+@SETTINGS
+@given(packed_contractions(), st.sampled_from(["cpu-avx2", "cpu-avx512"]))
+def test_micro_kernels_read_whole_panels(program: tuple[str, dict[str, tuple[int, ...]]],
+                                         name: str) -> None:
+    # One decision sizes a contraction's panels and its register tile (autotile's
+    # register_vectors, asked by pack): every micro-kernel that reads a panel runs its
+    # vector index over exactly one panel's width.
+    source, shapes = program
+    fn = run_pipeline(lowered(source, shapes), target(name), {})
+    panels = {r.into: r.shape.dims[-1].size for r in fn.body.refs
+              if r.dir == "none" and "_panels" in r.into}
+
+    def widths(b: N.Block, roots: dict[str, str]) -> list[tuple[int, int]]:
+        """(vector range, panel width) of each micro-kernel under `b` that reads a
+        panel; `roots` names each view's buffer in the function body."""
+        here = {r.into: roots.get(r.from_, r.from_) for r in b.refs}
+        found = []
+        if b.schedule.micro and b.schedule.vector is not None:
+            ranges = {i.name: i.range for i in b.idxs}
+            found += [(ranges[b.schedule.vector.index], panels[root])
+                      for root in here.values() if root in panels]
+        for s in b.stmts:
+            if isinstance(s, N.Block):
+                found += widths(s, here)
+        return found
+
+    found = [w for s in fn.body.stmts if isinstance(s, N.Block)
+             for w in widths(s, {r.into: r.into for r in fn.body.refs})]
+    assert bool(found) == bool(panels)
+    for vector_range, width in found:
+        assert vector_range == width
