@@ -469,8 +469,9 @@ def scheduled_blocks(s: N.Statement) -> list[tuple[N.Block, bool]]:
     return []
 
 
-def _schedules(value: Any) -> str | None:
-    """The check of autotile.schedules: block name -> Schedule."""
+def schedules_problem(value: Any) -> str | None:
+    """The check of autotile.schedules (and of pack.schedules, which the pipeline passes
+    the same): block name -> Schedule."""
     if not isinstance(value, dict) or not all(
             isinstance(k, str) and isinstance(v, Schedule) for k, v in value.items()):
         return f"must map block names to schedules, got {value!r}"
@@ -517,4 +518,4 @@ def _schedule_stitched(block: N.Block, target: Target, given: dict[str, Schedule
                                                stitch=stitch_schedule(scheduled)))
 
 
-register("autotile", autotile, schedules=_schedules)
+register("autotile", autotile, schedules=schedules_problem)

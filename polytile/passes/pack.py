@@ -47,7 +47,7 @@ the broadcast one with the reduction innermost:
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -56,9 +56,9 @@ from polytile.dtypes import DType
 from polytile.ir import nodes as N
 from polytile.ir.lower import contiguous
 from polytile.isa.inspect import widens
-from polytile.passes.autotile import register_vectors
+from polytile.passes.autotile import register_vectors, schedules_problem
 from polytile.passes.pipeline import count, flag, register
-from polytile.passes.schedule import PAGE_BYTES, _is_parallel, panel_index
+from polytile.passes.schedule import PAGE_BYTES, Schedule, _is_parallel, panel_index
 from polytile.passes.tile import substitute_local
 from polytile.targets.target import Target
 
@@ -244,14 +244,17 @@ def pack(fn: N.Function, target: Target, params: dict[str, Any]) -> N.Function:
         return fn
     settings = (int(params.get("min_reuse", 4)), int(params.get("max_reduction", 1 << 30)))
     row_settings = (int(params.get("row_min_reuse", ROW_MIN_REUSE)), settings[1])
-    return replace(fn, body=_pack_members(fn.body, target, settings, row_settings))
+    given = params.get("schedules", {})
+    return replace(fn, body=_pack_members(fn.body, target, settings, row_settings,
+                                          given=given))
 
 
 Hoist = Callable[["_Copy", N.Refinement, int], "str | None"]
 
 
 def _pack_members(container: N.Block, target: Target, settings: tuple[int, int],
-                  row_settings: tuple[int, int], hoist: Hoist | None = None) -> N.Block:
+                  row_settings: tuple[int, int], hoist: Hoist | None = None,
+                  given: Mapping[str, Schedule] | None = None) -> N.Block:
     """Pack the operands of the contractions among `container`'s statements into local
     buffers of `container`: the function's body (copied once per call) or a fused row
     block (copied once per row, where only that row's slice of the operand is read;
@@ -282,7 +285,8 @@ def _pack_members(container: N.Block, target: Target, settings: tuple[int, int],
 
     for s in container.stmts:
         if isinstance(s, N.Block) and "fused" in s.tags:
-            stmts.append(_pack_members(s, target, row_settings, row_settings, hoisted))
+            stmts.append(_pack_members(s, target, row_settings, row_settings, hoisted,
+                                       given))
             continue
         if not (isinstance(s, N.Block) and "contraction" in s.tags):
             stmts.append(s)
@@ -317,15 +321,22 @@ def _pack_members(container: N.Block, target: Target, settings: tuple[int, int],
             stmts.append(s)
             continue
         v, packs = plan
-        # A panel is one register tile wide: autotile's decision (register_vectors),
-        # asked of the block in panels of two vectors; autotile then takes the width.
-        width = lanes
-        if next(i.range for i in s.idxs if i.name == v) >= 2 * lanes:
-            trial = _in_panels(s, v, packs, 2 * lanes, lambda copy: copy.ref.from_)
-            if register_vectors(trial, target, panels=False) == (v, 2):
-                width = 2 * lanes
+        width = _panel_width(s, v, packs, lanes, target, (given or {}).get(s.name))
         stmts.append(_in_panels(s, v, packs, width, place))
     return replace(container, refs=tuple(new_refs), stmts=tuple(stmts))
+
+
+def _panel_width(block: N.Block, v: str, packs: list[tuple[N.Refinement, int]], lanes: int,
+                 target: Target, given: Schedule | None) -> int:
+    """A panel is one register tile wide: the tile a schedule given for the block (the
+    tuner's) spans along `v`, else autotile's decision (register_vectors), asked of the
+    block in panels of two vectors. Autotile then takes the panel's width."""
+    if given is not None and given.vector == v and given.lanes == lanes:
+        return lanes * max(1, given.vectors)
+    if next(i.range for i in block.idxs if i.name == v) < 2 * lanes:
+        return lanes
+    trial = _in_panels(block, v, packs, 2 * lanes, lambda copy: copy.ref.from_)
+    return 2 * lanes if register_vectors(trial, target, panels=False) == (v, 2) else lanes
 
 
 def _in_panels(block: N.Block, v: str, packs: list[tuple[N.Refinement, int]], width: int,
@@ -437,4 +448,4 @@ def split_index(block: N.Block, name: str, width: int) -> N.Block:
 
 
 register("pack", pack, enabled=flag, min_reuse=count, row_min_reuse=count,
-         max_reduction=count)
+         max_reduction=count, schedules=schedules_problem)

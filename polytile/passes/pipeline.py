@@ -81,6 +81,10 @@ def run_pipeline(fn: N.Function, target: Target, options: dict[str, Any]) -> N.F
         merged = dict(params)
         merged.update({k.split(".", 1)[1]: v for k, v in options.items()
                        if k.startswith(name + ".")})
+        # The schedules given for autotile (the tuner's) also size pack's panels: one
+        # decision, read by both passes.
+        if "schedules" in PARAMS[name] and "autotile.schedules" in options:
+            merged.setdefault("schedules", options["autotile.schedules"])
         fn = PASSES[name](fn, target, merged)
     return fn
 

@@ -119,3 +119,32 @@ def test_panels_are_one_register_tile_wide() -> None:
         assert register_vectors(block(after, "s0"), avx2) == ("n", width // 8)
         assert_same_meaning(before, autotile(after, avx2, {}), tolerance=1e-4,
                             sum_of_products=True)
+
+
+def test_a_given_schedule_sizes_the_panels() -> None:
+    # The tuner's schedule (autotile.schedules, which the pipeline passes to pack as
+    # well) decides the register tile, so it decides the panels too: 1 to 4 vectors of
+    # 8 lanes, panels 8 to 32 wide, each result the reference's.
+    import numpy as np
+
+    from polytile.api import Module
+    from polytile.compile import Compiler
+    from polytile.config import load_config
+    from polytile.lang.parser import parse
+    from polytile.passes.schedule import Schedule
+    from polytile.sema.analyze import analyze
+    from polytile.sema.specialize import specialize
+
+    program = analyze(parse(TMM))
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((13, 19)).astype(np.float32)
+    b = rng.standard_normal((1024, 19)).astype(np.float32)
+    for vectors in (1, 2, 3, 4):
+        options = {"autotile.schedules": {"s0": Schedule(
+            vector="i1", lanes=8, vectors=vectors, unroll=(("i0", 4),))}}
+        compiler = Compiler(load_config(), target("cpu-avx2"), options=options)
+        fn = compiler.ir(specialize(program.functions[0], {"A": a.shape, "B": b.shape}, {}))
+        (packed,) = [r for r in fn.body.refs if r.dir == "none"]
+        assert packed.shape.sizes[-1] == 8 * vectors
+        got = Module(TMM, program, "c", compiler).tmm(a, b)
+        np.testing.assert_allclose(got, a @ b.T, rtol=1e-5, atol=1e-4)
