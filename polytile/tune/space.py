@@ -57,7 +57,7 @@ from typing import Any
 
 from polytile.ir import nodes as N
 from polytile.passes.autotile import choose_schedule, scheduled_blocks, typed_vector_candidates
-from polytile.passes.schedule import Schedule, _is_parallel, full_lanes, gathers
+from polytile.passes.schedule import Schedule, _is_parallel, full_lanes, gathers, panel_index
 from polytile.targets.target import Target
 from polytile.tune.options import Options
 
@@ -393,7 +393,10 @@ def _decode_block(space: Space, point: Sequence[int], kb: KernelBlock,
     vector_parallel = vector in parallel
     vectors = 1
     if vector is not None and vector_parallel:
-        vectors = min(space.value(point, f"{name}.vectors", 1), -(-loops[vector] // lanes))
+        # Split into panels (pass pack), the index runs over all of them: a schedule of
+        # more vectors than one panel holds makes pack cut wider panels.
+        extent = loops[vector] * loops.get(panel_index(vector), 1)
+        vectors = min(space.value(point, f"{name}.vectors", 1), -(-extent // lanes))
     unroll: dict[str, int] = {}
     if vector is not None:
         for n in parallel:

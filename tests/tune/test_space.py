@@ -160,6 +160,34 @@ def test_half_width_applies_to_panel_copies() -> None:
     assert space.decode(_half_width_point(space)) is not None
 
 
+def test_a_point_of_more_vectors_than_a_panel_cuts_wider_panels(tmp_path: Path) -> None:
+    # A 1024-wide tmm output's rows lie a page apart: the default tile holds one vector
+    # per panel, and pack cuts 8-wide panels; the tuner's point of two vectors (6 rows)
+    # still decodes, and pack then cuts 16-wide panels for it.
+    import numpy as np
+
+    from polytile.api import define
+    tmm = "def tmm(float(M,K) A, float(N,K) B) -> (C) {\n  C(m,n) +=! A(m,kk) * B(n,kk)\n}\n"
+    spec = specialize(analyze(parse(tmm)).functions[0], {"A": (37, 24), "B": (1024, 24)}, {})
+    avx2 = select_target("cpu-avx2")
+    space = build_space(lower(canonical(spec)), avx2)
+    names = [g.name for g in space.genes]
+    point = list(space.default_point)
+    for gene, value in (("s0.vectors", 2), ("s0.unroll.i1_o", 1), ("s0.unroll.i0", 6)):
+        point[names.index(gene)] = space.genes[names.index(gene)].values.index(value)
+    options = space.decode(point)
+    assert options is not None and options.schedule("s0").vectors == 2
+    compiler = Compiler(Config(cache_dir=tmp_path), avx2, options=options.pass_options())
+    panels = [r for r in compiler.ir(spec).body.refs if r.dir == "none"]
+    assert [p.shape.sizes[-1] for p in panels] == [16]
+    module = define(tmm, target="cpu-avx2", config=Config(cache_dir=tmp_path))
+    assert module.compiler is not None
+    module.compiler.options = options.pass_options()
+    rng = np.random.default_rng(0)
+    a, b = (rng.standard_normal(s).astype(np.float32) for s in ((37, 24), (1024, 24)))
+    np.testing.assert_allclose(module.tmm(a, b), a @ b.T, rtol=1e-5, atol=1e-4)
+
+
 def test_options_of_another_size_encode_onto_this_space() -> None:
     target = select_target()
     # Both sizes take the same pipeline variant (no packing: the reduction is long), so
