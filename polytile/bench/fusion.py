@@ -23,7 +23,9 @@ import numpy as np
 from polytile.bench.timing import TimingOptions, time_blocks
 from polytile.bench.workload import Workload
 
-VARIANTS = ("rows", "plan")
+# "none" (one kernel per statement) is what the cost model's scores are savings against:
+# its time minus the plan's is the measured saving beside the model's objective.
+VARIANTS = ("rows", "plan", "none")
 
 
 @dataclass(frozen=True)
@@ -35,6 +37,7 @@ class FusionRow:
     plan_seconds: float = 0.0                # patterns, scores and ILP
     ilp_seconds: float = 0.0
     ilp_rounds: int = 0
+    objective: float = 0.0                   # the model's saving of the plan vs "none", s
     times: tuple[tuple[str, float], ...] = ()    # (implementation, median seconds)
     status: str = "ok"
     same_ir: bool = False       # the plan builds what "rows" builds: their ratio is noise
@@ -104,7 +107,8 @@ def _run_one(w: Workload, options: TimingOptions, use_torch: bool, use_compile: 
     expected = _tuple(w.numpy(*args))
     kernels, texts = [], []
     for variant in VARIANTS:
-        opts = {} if variant == "rows" else {"fuse.groups": plan.option}
+        opts = {"rows": {}, "none": {"fuse.strategy": "none"},
+                "plan": {"fuse.groups": plan.option}}[variant]
         call, count, text = compiled_call(spec, opts)
         kernels.append(count)
         texts.append(text)
@@ -144,7 +148,7 @@ def _run_one(w: Workload, options: TimingOptions, use_torch: bool, use_compile: 
         c()
     timed = time_blocks(calls, options)
     return FusionRow(w, len(plan.graph.ops), tuple(kernels), plan.groups, plan_seconds,
-                     plan.solve_seconds, plan.rounds,
+                     plan.solve_seconds, plan.rounds, plan.objective,
                      tuple((name, t.median) for name, t in timed.items()),
                      same_ir=texts[0] == texts[1])
 
@@ -209,7 +213,8 @@ def _numpy(value: Any) -> Any:
 def table(rows: Sequence[FusionRow]) -> tuple[list[str], list[list[str]]]:
     head = ["workload", "ops", "kernels rows", "kernels plan", "plan", "ILP ms (solves)",
             "numpy f64 ms", "torch ms", "inductor ms", "jax ms", "rows ms", "plan ms",
-            "plan vs rows", "plan vs torch", "plan vs inductor", "plan vs jax"]
+            "plan vs rows", "plan vs torch", "plan vs inductor", "plan vs jax",
+            "none ms", "saved ms: model / measured"]
     body = []
     for r in rows:
         if r.status != "ok":
@@ -232,9 +237,20 @@ def table(rows: Sequence[FusionRow]) -> tuple[list[str], list[list[str]]]:
             + (" (same IR)" if r.same_ir else ""),
             f"{torch_ms / t['polytile plan']:.2f}x" if torch_ms else "n/a",
             f"{inductor_ms / t['polytile plan']:.2f}x" if inductor_ms else "n/a",
-            f"{jax_ms / t['polytile plan']:.2f}x" if jax_ms else "n/a"])
+            f"{jax_ms / t['polytile plan']:.2f}x" if jax_ms else "n/a",
+            *_savings(r, t)])
     body += _geomeans(rows)
     return head, body
+
+
+def _savings(r: FusionRow, t: dict[str, float]) -> list[str]:
+    """The time of one kernel per statement, and what the plan saves against it: by the
+    cost model (the ILP's objective) and as measured (none - plan)."""
+    none_s = t.get("polytile none")
+    if none_s is None:
+        return ["n/a", f"{r.objective * 1e3:.3f} / n/a"]
+    return [f"{none_s * 1e3:.3f}",
+            f"{r.objective * 1e3:.3f} / {(none_s - t['polytile plan']) * 1e3:.3f}"]
 
 
 def _geomeans(rows: Sequence[FusionRow]) -> list[list[str]]:
@@ -252,7 +268,7 @@ def _geomeans(rows: Sequence[FusionRow]) -> list[list[str]]:
         mean = float(np.exp(np.mean(np.log(ratios))))
         cells.append(f"{mean:.2f}x" + ("" if len(ratios) == len(ok) else
                                        f" (of {len(ratios)})"))
-    return [["geomean", *[""] * 11, *cells]]
+    return [["geomean", *[""] * 11, *cells, "", ""]]
 
 
 NOTE = ("Kernels are top-level loop nests of the optimized IR (hoisted initializations "
@@ -261,6 +277,8 @@ NOTE = ("Kernels are top-level loop nests of the optimized IR (hoisted initializ
         "'plan' is the ILP plan of polytile.graph. Times are medians of blocks of calls "
         "(polytile.bench.timing); 'plan vs X' > 1 means the plan is faster. Where the plan "
         "builds the same IR as 'rows' (same IR), their ratio is the run's noise. 'numpy "
-        "f64' is the float64 oracle, not a tuned NumPy baseline. 'inductor' is "
+        "f64' is the float64 oracle, not a tuned NumPy baseline. 'none' is one kernel "
+        "per statement, the baseline of the cost model: 'saved' is the plan's saving "
+        "against it by the model (the ILP's objective) and as measured. 'inductor' is "
         "torch.compile's default backend, 'jax' jax.jit on the CPU; both are timed after "
         "their compiling call, and n/a where absent, failing or disagreeing with NumPy.")

@@ -65,3 +65,13 @@ def test_table_has_jax_column_and_geomeans() -> None:
     assert cells["workload"] == "geomean" and len(geomean) == len(head)
     assert cells["plan vs torch"] == "2.00x" and cells["plan vs inductor"] == "1.50x"
     assert cells["plan vs jax"] == "2.00x (of 1)"
+
+
+def test_table_sets_the_models_saving_beside_the_measured_one() -> None:
+    row = FusionRow(logreg(37, 11), ops=8, kernels=(5, 3, 9), groups=((0, 1, 2), (3,)),
+                    objective=40e-6, times=(("numpy", 2e-3), ("polytile rows", 1e-3),
+                                            ("polytile plan", 5e-4), ("polytile none", 6e-4)))
+    head, (body,) = table([row])
+    cells = dict(zip(head, body))
+    assert cells["none ms"] == "0.600"
+    assert cells["saved ms: model / measured"] == "0.040 / 0.100"
