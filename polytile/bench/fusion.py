@@ -184,7 +184,7 @@ def _torch_call(w: Workload, args: tuple[Any, ...],
 
 
 def _jax_call(w: Workload, args: tuple[Any, ...]) -> Callable[[], Any] | None:
-    """The JAX version jitted on the CPU, on the same data (placed on the device once),
+    """The JAX version jitted on the CPU, on the same data (placed on the CPU once),
     after its compiling first call; each call waits for its result (JAX dispatches
     asynchronously). None without jax."""
     try:
@@ -192,8 +192,10 @@ def _jax_call(w: Workload, args: tuple[Any, ...]) -> Callable[[], Any] | None:
     except ImportError:
         return None
     assert w.jax is not None
-    jax.config.update("jax_platforms", "cpu")
-    arrays = tuple(jax.device_put(a) for a in args)
+    # Computation follows its data: inputs on the CPU device keep the jitted function on
+    # the CPU even where JAX has a GPU (polytile is compared on the CPU here).
+    cpu = jax.devices("cpu")[0]
+    arrays = tuple(jax.device_put(a, cpu) for a in args)
     jitted = jax.jit(w.jax)
 
     def call() -> Any:

@@ -36,6 +36,8 @@ def test_jax_version_agrees_with_numpy(workload: Workload, layout: str) -> None:
     call = _jax_call(workload, args)
     assert call is not None
     got = call()
+    assert all(d.platform == "cpu" for v in (got if isinstance(got, tuple) else (got,))
+               for d in v.devices())
     expected = _tuple(workload.numpy(*args))
     got_arrays = _tuple(tuple(np.asarray(v) for v in (got if isinstance(got, tuple) else (got,))))
     assert len(got_arrays) == len(expected)
