@@ -29,13 +29,13 @@ os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false "
                                    "intra_op_parallelism_threads=1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import numpy as np  # noqa: E402
+import numpy as np
 
-from polytile.bench import fusion  # noqa: E402
-from polytile.bench.fusion_workloads import fusion_set  # noqa: E402
-from polytile.config import load_config  # noqa: E402
-from polytile.graph.plan import plan_fusion  # noqa: E402
-from polytile.targets.target import select_target  # noqa: E402
+from polytile.bench import fusion
+from polytile.bench.fusion_workloads import fusion_set
+from polytile.config import load_config
+from polytile.graph.plan import plan_fusion
+from polytile.targets.target import select_target
 
 
 def sides(w: Any, args: tuple[Any, ...]) -> dict[str, Callable[[], Any]]:
