@@ -106,10 +106,10 @@ def _run_one(w: Workload, options: TimingOptions, use_torch: bool, use_compile: 
     calls: dict[str, Callable[[], Any]] = {"numpy": lambda: w.numpy(*args)}
     expected = _tuple(w.numpy(*args))
     kernels, texts = [], []
+    options_of: dict[str, dict[str, Any]] = {"rows": {}, "none": {"fuse.strategy": "none"},
+                                             "plan": {"fuse.groups": plan.option}}
     for variant in VARIANTS:
-        opts = {"rows": {}, "none": {"fuse.strategy": "none"},
-                "plan": {"fuse.groups": plan.option}}[variant]
-        call, count, text = compiled_call(spec, opts)
+        call, count, text = compiled_call(spec, options_of[variant])
         kernels.append(count)
         texts.append(text)
         got = _tuple(call(*args))
