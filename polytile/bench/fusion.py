@@ -5,8 +5,10 @@ directory with the target (polytile.graph.cost), so later plans use them. Then, 
 every workload of polytile.bench.fusion_workloads: the op count, the plan (its groups,
 ILP solve time and rounds), the kernels (top-level loop nests) that pass fuse makes
 without a plan (strategy "rows") and with it, every variant checked against NumPy, and
-the times of NumPy, PyTorch eager, polytile without the plan and polytile with it,
-measured in the same run.
+the times of NumPy, PyTorch eager, torch.compile (inductor), jax.jit (on the CPU, when
+the optional jax is installed), polytile without the plan and polytile with it, measured
+in the same run. The compiled frameworks are timed after their compiling first call, and
+only where their result agrees with NumPy.
 """
 from __future__ import annotations
 
@@ -21,7 +23,9 @@ import numpy as np
 from polytile.bench.timing import TimingOptions, time_blocks
 from polytile.bench.workload import Workload
 
-VARIANTS = ("rows", "plan")
+# "none" (one kernel per statement) is what the cost model's scores are savings against:
+# its time minus the plan's is the measured saving beside the model's objective.
+VARIANTS = ("rows", "plan", "none")
 
 
 @dataclass(frozen=True)
@@ -33,6 +37,7 @@ class FusionRow:
     plan_seconds: float = 0.0                # patterns, scores and ILP
     ilp_seconds: float = 0.0
     ilp_rounds: int = 0
+    objective: float = 0.0                   # the model's saving of the plan vs "none", s
     times: tuple[tuple[str, float], ...] = ()    # (implementation, median seconds)
     status: str = "ok"
     same_ir: bool = False       # the plan builds what "rows" builds: their ratio is noise
@@ -40,12 +45,12 @@ class FusionRow:
 
 def run(workloads: Sequence[Workload], options: TimingOptions, use_torch: bool = True,
         progress: Callable[[str], None] = lambda s: None,
-        use_compile: bool = False) -> list[FusionRow]:
+        use_compile: bool = False, use_jax: bool = True) -> list[FusionRow]:
     rows = []
     for k, w in enumerate(workloads, 1):
         progress(f"[{k}/{len(workloads)}] {w.name}")
         try:
-            rows.append(_run_one(w, options, use_torch, use_compile, progress))
+            rows.append(_run_one(w, options, use_torch, use_compile, use_jax, progress))
         except Exception as e:  # noqa: BLE001 - one workload's failure is a row, not the end
             rows.append(FusionRow(w, status=f"FAILED: {type(e).__name__}: {e}"))
     return rows
@@ -87,7 +92,7 @@ def compiled_call(spec: Any, options: dict[str, Any]) -> tuple[Callable[..., Any
 
 
 def _run_one(w: Workload, options: TimingOptions, use_torch: bool, use_compile: bool,
-             progress: Callable[[str], None]) -> FusionRow:
+             use_jax: bool, progress: Callable[[str], None]) -> FusionRow:
     from polytile.config import load_config
     from polytile.graph.plan import plan_fusion
     from polytile.targets.target import select_target
@@ -101,9 +106,10 @@ def _run_one(w: Workload, options: TimingOptions, use_torch: bool, use_compile: 
     calls: dict[str, Callable[[], Any]] = {"numpy": lambda: w.numpy(*args)}
     expected = _tuple(w.numpy(*args))
     kernels, texts = [], []
+    options_of: dict[str, dict[str, Any]] = {"rows": {}, "none": {"fuse.strategy": "none"},
+                                             "plan": {"fuse.groups": plan.option}}
     for variant in VARIANTS:
-        opts = {} if variant == "rows" else {"fuse.groups": plan.option}
-        call, count, text = compiled_call(spec, opts)
+        call, count, text = compiled_call(spec, options_of[variant])
         kernels.append(count)
         texts.append(text)
         got = _tuple(call(*args))
@@ -128,11 +134,21 @@ def _run_one(w: Workload, options: TimingOptions, use_torch: bool, use_compile: 
                     progress(f"  torch.compile: {time.perf_counter() - start:.1f} s")
                 else:
                     progress("  torch.compile: result differs from NumPy, not timed")
+    if use_jax and w.jax is not None:
+        start = time.perf_counter()
+        jitted = _jax_call(w, args)
+        if jitted is not None:
+            got = _tuple(tuple(np.asarray(v) for v in _as_tuple(jitted())))
+            if all(np.allclose(g, e, rtol=w.rtol, atol=w.atol) for g, e in zip(got, expected)):
+                calls["jax.jit"] = jitted
+                progress(f"  jax.jit: {time.perf_counter() - start:.1f} s")
+            else:
+                progress("  jax.jit: result differs from NumPy, not timed")
     for c in calls.values():
         c()
     timed = time_blocks(calls, options)
     return FusionRow(w, len(plan.graph.ops), tuple(kernels), plan.groups, plan_seconds,
-                     plan.solve_seconds, plan.rounds,
+                     plan.solve_seconds, plan.rounds, plan.objective,
                      tuple((name, t.median) for name, t in timed.items()),
                      same_ir=texts[0] == texts[1])
 
@@ -167,6 +183,27 @@ def _torch_call(w: Workload, args: tuple[Any, ...],
     return functools.partial(layer, *tensors)
 
 
+def _jax_call(w: Workload, args: tuple[Any, ...]) -> Callable[[], Any] | None:
+    """The JAX version jitted on the CPU, on the same data (placed on the CPU once),
+    after its compiling first call; each call waits for its result (JAX dispatches
+    asynchronously). None without jax."""
+    try:
+        import jax
+    except ImportError:
+        return None
+    assert w.jax is not None
+    # Computation follows its data: inputs on the CPU device keep the jitted function on
+    # the CPU even where JAX has a GPU (polytile is compared on the CPU here).
+    cpu = jax.devices("cpu")[0]
+    arrays = tuple(jax.device_put(a, cpu) for a in args)
+    jitted = jax.jit(w.jax)
+
+    def call() -> Any:
+        return jax.block_until_ready(jitted(*arrays))
+    call()
+    return call
+
+
 def _as_tuple(value: Any) -> tuple[Any, ...]:
     return value if isinstance(value, tuple) else (value,)
 
@@ -177,8 +214,9 @@ def _numpy(value: Any) -> Any:
 
 def table(rows: Sequence[FusionRow]) -> tuple[list[str], list[list[str]]]:
     head = ["workload", "ops", "kernels rows", "kernels plan", "plan", "ILP ms (solves)",
-            "numpy f64 ms", "torch ms", "inductor ms", "rows ms", "plan ms", "plan vs rows",
-            "plan vs torch", "plan vs inductor"]
+            "numpy f64 ms", "torch ms", "inductor ms", "jax ms", "rows ms", "plan ms",
+            "plan vs rows", "plan vs torch", "plan vs inductor", "plan vs jax",
+            "none ms", "saved ms: model / measured"]
     body = []
     for r in rows:
         if r.status != "ok":
@@ -189,17 +227,50 @@ def table(rows: Sequence[FusionRow]) -> tuple[list[str], list[list[str]]]:
         plan = " ".join("{" + ",".join(map(str, g)) + "}" for g in r.groups)
         torch_ms = t.get("torch eager")
         inductor_ms = t.get("torch.compile")
+        jax_ms = t.get("jax.jit")
         body.append([
             r.workload.name, str(r.ops), str(r.kernels[0]), str(r.kernels[1]), plan,
             f"{r.ilp_seconds * 1e3:.1f} ({r.ilp_rounds})", f"{t['numpy'] * 1e3:.3f}",
             f"{torch_ms * 1e3:.3f}" if torch_ms else "n/a",
             f"{inductor_ms * 1e3:.3f}" if inductor_ms else "n/a",
+            f"{jax_ms * 1e3:.3f}" if jax_ms else "n/a",
             f"{t['polytile rows'] * 1e3:.3f}", f"{t['polytile plan'] * 1e3:.3f}",
             f"{t['polytile rows'] / t['polytile plan']:.2f}x"
             + (" (same IR)" if r.same_ir else ""),
             f"{torch_ms / t['polytile plan']:.2f}x" if torch_ms else "n/a",
-            f"{inductor_ms / t['polytile plan']:.2f}x" if inductor_ms else "n/a"])
+            f"{inductor_ms / t['polytile plan']:.2f}x" if inductor_ms else "n/a",
+            f"{jax_ms / t['polytile plan']:.2f}x" if jax_ms else "n/a",
+            *_savings(r, t)])
+    body += _geomeans(rows)
     return head, body
+
+
+def _savings(r: FusionRow, t: dict[str, float]) -> list[str]:
+    """The time of one kernel per statement, and what the plan saves against it: by the
+    cost model (the ILP's objective) and as measured (none - plan)."""
+    none_s = t.get("polytile none")
+    if none_s is None:
+        return ["n/a", f"{r.objective * 1e3:.3f} / n/a"]
+    return [f"{none_s * 1e3:.3f}",
+            f"{r.objective * 1e3:.3f} / {(none_s - t['polytile plan']) * 1e3:.3f}"]
+
+
+def _geomeans(rows: Sequence[FusionRow]) -> list[list[str]]:
+    """A last row: the geometric mean of each 'plan vs X' column over the workloads that
+    have X (n/a where none has; the count is given where some lack it)."""
+    ok = [dict(r.times) for r in rows if r.status == "ok"]
+    if len(ok) < 2:
+        return []
+    cells = []
+    for name in ("polytile rows", "torch eager", "torch.compile", "jax.jit"):
+        ratios = [t[name] / t["polytile plan"] for t in ok if t.get(name)]
+        if not ratios:
+            cells.append("n/a")
+            continue
+        mean = float(np.exp(np.mean(np.log(ratios))))
+        cells.append(f"{mean:.2f}x" + ("" if len(ratios) == len(ok) else
+                                       f" (of {len(ratios)})"))
+    return [["geomean", *[""] * 11, *cells, "", ""]]
 
 
 NOTE = ("Kernels are top-level loop nests of the optimized IR (hoisted initializations "
@@ -208,4 +279,8 @@ NOTE = ("Kernels are top-level loop nests of the optimized IR (hoisted initializ
         "'plan' is the ILP plan of polytile.graph. Times are medians of blocks of calls "
         "(polytile.bench.timing); 'plan vs X' > 1 means the plan is faster. Where the plan "
         "builds the same IR as 'rows' (same IR), their ratio is the run's noise. 'numpy "
-        "f64' is the float64 oracle, not a tuned NumPy baseline.")
+        "f64' is the float64 oracle, not a tuned NumPy baseline. 'none' is one kernel "
+        "per statement, the baseline of the cost model: 'saved' is the plan's saving "
+        "against it by the model (the ILP's objective) and as measured. 'inductor' is "
+        "torch.compile's default backend, 'jax' jax.jit on the CPU; both are timed after "
+        "their compiling call, and n/a where absent, failing or disagreeing with NumPy.")

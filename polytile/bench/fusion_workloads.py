@@ -12,7 +12,9 @@ the ops of the graph that `polytile bench --fusion` plans:
     ln-gelu-residual   layernorm -> GELU -> residual add
 
 NumPy versions (float64 inside, float32 out) are the oracle; the PyTorch versions are
-eager calls of the framework's operators.
+eager calls of the framework's operators (and, through torch.compile, inductor's input);
+the JAX versions, written beside them with the same operators in jax.numpy, are what
+jax.jit compiles. Scalars go to JAX as arguments, so a jitted version is traced once.
 """
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ from typing import Any
 import numpy as np
 from scipy import special  # type: ignore[import-untyped]
 
-from polytile.bench.workload import EPS, Workload, normal, torch_module, uniform
+from polytile.bench.workload import EPS, Workload, jax_module, normal, torch_module, uniform
 
 ATTENTION = """
 def attention(float(H,S,E) Q, float(H,S,E) K, float(H,S,E) V, float(S,S) M,
@@ -135,6 +137,18 @@ def _sigmoid(x: np.ndarray) -> np.ndarray:
     return 1 / (1 + np.exp(-x))
 
 
+def _jax_layernorm(z: Any, gamma: Any, beta: Any) -> Any:
+    import jax
+    mean = z.mean(-1, keepdims=True)
+    var = jax_module().square(z - mean).mean(-1, keepdims=True)
+    return (z - mean) * jax.lax.rsqrt(var + EPS) * gamma + beta
+
+
+def _jax_gelu(x: Any) -> Any:
+    import jax
+    return jax.nn.gelu(x, approximate=False)
+
+
 def _f32(*arrays: np.ndarray) -> Any:
     out = tuple(np.asarray(a, np.float32) for a in arrays)
     return out if len(out) > 1 else out[0]
@@ -159,8 +173,13 @@ def attention(h: int, s: int, e: int) -> Workload:
         z = t.nn.functional.layer_norm(p @ v + r, (e,), g, b, EPS)
         return t.nn.functional.gelu(z)
 
+    def jax(q, k, v, m, r, g, b, scale):  # type: ignore[no-untyped-def]
+        import jax as jx
+        p = jx.nn.softmax(q @ k.transpose(0, 2, 1) * scale + m, axis=-1)
+        return _jax_gelu(_jax_layernorm(p @ v + r, g, b))
+
     return Workload("attention", (("H", h), ("S", s), ("E", e)), ATTENTION, "attention",
-                    make, numpy, torch=torch, flops=4.0 * h * s * s * e, rtol=1e-3,
+                    make, numpy, torch=torch, jax=jax, flops=4.0 * h * s * s * e, rtol=1e-3,
                     atol=1e-4, note="one BERT attention head block per h")
 
 
@@ -189,8 +208,18 @@ def interests(b: int, k: int, length: int, d: int) -> Workload:
         n = (o * o).sum(-1, keepdim=True)
         return o * (n / (1 + n) * t.rsqrt(n + 1e-9))
 
+    def jax(x, c, mask):  # type: ignore[no-untyped-def]
+        import jax as jx
+        jnp = jax_module()
+        s = jnp.einsum("bkd,bld->bkl", c, x) * 0.125
+        s = jnp.where(mask[:, None, :] > 0, s, -1e9)
+        w = jx.nn.softmax(s, axis=-1) * mask[:, None, :]
+        o = jnp.einsum("bkl,bld->bkd", w, x)
+        n = (o * o).sum(-1, keepdims=True)
+        return o * (n / (1 + n) * jx.lax.rsqrt(n + 1e-9))
+
     return Workload("interests", (("B", b), ("K", k), ("L", length), ("D", d)), INTERESTS,
-                    "interests", make, numpy, torch=torch, flops=4.0 * b * k * length * d,
+                    "interests", make, numpy, torch=torch, jax=jax, flops=4.0 * b * k * length * d,
                     rtol=1e-3, atol=1e-4, note="masked softmax routing and squash")
 
 
@@ -210,8 +239,13 @@ def logreg(n: int, d: int) -> Workload:
         g = (t.sigmoid(x @ w + float(b)) - y) / n
         return w - float(lr) * (x.T @ g), float(b) - float(lr) * g.sum()
 
+    def jax(x, y, w, b, lr):  # type: ignore[no-untyped-def]
+        import jax as jx
+        g = (jx.nn.sigmoid(x @ w + b) - y) / n
+        return w - lr * (x.T @ g), b - lr * g.sum()
+
     return Workload("logreg", (("N", n), ("D", d)), LOGREG, "logreg", make, numpy,
-                    torch=torch, flops=4.0 * n * d, rtol=1e-3, atol=1e-5,
+                    torch=torch, jax=jax, flops=4.0 * n * d, rtol=1e-3, atol=1e-5,
                     note="one gradient step")
 
 
@@ -232,8 +266,14 @@ def perceptron(b: int, i: int, o: int) -> Workload:
         g = (y - t) * y * (1 - y)
         return y, g.T @ x, g.sum(0), g @ w
 
+    def jax(x, w, bias, t):  # type: ignore[no-untyped-def]
+        import jax as jx
+        y = jx.nn.sigmoid(x @ w.T + bias)
+        g = (y - t) * y * (1 - y)
+        return y, g.T @ x, g.sum(0), g @ w
+
     return Workload("perceptron", (("B", b), ("I", i), ("O", o)), PERCEPTRON, "perceptron",
-                    make, numpy, torch=torch, flops=6.0 * b * i * o, rtol=1e-3, atol=1e-4,
+                    make, numpy, torch=torch, jax=jax, flops=6.0 * b * i * o, rtol=1e-3, atol=1e-4,
                     note="forward and backward, squared error through a sigmoid")
 
 
@@ -257,8 +297,15 @@ def vae_encoder(b: int, i: int, h: int, z: int) -> Workload:
         mu, lv = hid @ wm.T + bm, hid @ wv.T + bv
         return mu + t.exp(0.5 * lv) * eps, (-0.5 * (1 + lv - mu * mu - t.exp(lv))).sum(1)
 
+    def jax(x, w1, b1, wm, bm, wv, bv, eps):  # type: ignore[no-untyped-def]
+        jnp = jax_module()
+        hid = jnp.maximum(x @ w1.T + b1, 0)
+        mu, lv = hid @ wm.T + bm, hid @ wv.T + bv
+        return (mu + jnp.exp(0.5 * lv) * eps,
+                (-0.5 * (1 + lv - mu * mu - jnp.exp(lv))).sum(1))
+
     return Workload("vae-encoder", (("B", b), ("I", i), ("H", h), ("Z", z)), VAE_ENCODER,
-                    "vae_encoder", make, numpy, torch=torch,
+                    "vae_encoder", make, numpy, torch=torch, jax=jax,
                     flops=2.0 * b * h * (i + 2 * z), rtol=1e-3, atol=1e-4,
                     note="ReLU hidden layer, mean and log-variance heads")
 
@@ -276,8 +323,11 @@ def ln_gelu_residual(n: int, d: int) -> Workload:
         f = torch_module().nn.functional
         return f.gelu(f.layer_norm(x, (d,), g, b, EPS)) + r
 
+    def jax(x, g, b, r):  # type: ignore[no-untyped-def]
+        return _jax_gelu(_jax_layernorm(x, g, b)) + r
+
     return Workload("ln-gelu-residual", (("N", n), ("D", d)), LN_GELU_RESIDUAL,
-                    "ln_gelu_residual", make, numpy, torch=torch,
+                    "ln_gelu_residual", make, numpy, torch=torch, jax=jax,
                     bytes=(3.0 * n * d + 2 * d) * 4, memory_bound=True, rtol=1e-3, atol=1e-4,
                     note="eps=1e-5, erf GELU")
 

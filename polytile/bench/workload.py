@@ -5,7 +5,8 @@ or in the same style (softmax, layernorm, batchnorm, group norm, bias+GELU+resid
 The NumPy version is what a NumPy user would write (BLAS for contractions, ufuncs with
 `out=` for the preallocated variant) and is the oracle for correctness. The PyTorch
 versions are eager calls of the framework's own operators; they import torch only when
-called, so this module works without torch.
+called, so this module works without torch. A workload may also have a JAX version
+(`jax`, written with jax.numpy, for jax.jit), imported as lazily.
 
 `flops` counts a multiply-add as 2; `bytes` is the compulsory traffic (every input read
 once, every output written once) used for GB/s of memory-bound workloads.
@@ -34,6 +35,7 @@ class Workload:
     numpy_out: Callable[..., Any] | None = None    # f(*args, out=tuple_of_arrays)
     torch: Callable[..., Any] | None = None        # f(*tensors) -> tensor(s)
     torch_out: Callable[..., Any] | None = None    # f(*tensors, out=tuple_of_tensors)
+    jax: Callable[..., Any] | None = None          # f(*jax_arrays) -> array(s), jit-able
     flops: float = 0.0
     bytes: float = 0.0
     memory_bound: bool = False
@@ -85,3 +87,10 @@ def torch_module() -> Any:
     """torch, imported on first use: only the PyTorch versions need it."""
     import torch
     return torch
+
+
+def jax_module() -> Any:
+    """jax.numpy, imported on first use: only the JAX versions need it (the optional
+    `jax` extra). Their callers place the inputs on the CPU (polytile.bench.fusion)."""
+    import jax.numpy
+    return jax.numpy
