@@ -63,9 +63,10 @@ from typing import TYPE_CHECKING
 from polytile.errors import IRError
 from polytile.ir.nodes import Affine, Block
 from polytile.loops import nodes as L
-from polytile.loops.views import Scope, child_view, fixed_indices, resolve, safe
+from polytile.loops.views import Scope, View, child_view, fixed_indices, resolve, safe
 
 if TYPE_CHECKING:
+    from polytile.dtypes import DType
     from polytile.loops.lower import Lowering
 
 COLUMNS = 256       # lanes per block of the packed operand (K x 256 bytes: kept in L2)
@@ -158,8 +159,13 @@ def lower_block(low: Lowering, blk: Block, outer: Scope) -> list[L.Stmt]:
     for n in reversed(red):
         fill = L.Loop(red_vars[n], Affine.constant(0), Affine.constant(loops[n]), (fill,))
     pack: list[L.Stmt] = [L.Loop(ps, Affine.constant(0), Affine.constant(strips), (fill,))]
-    buffers = [L.Buffer(packed, b_t.dtype, strips * total * strip * group, "heap", "global",
-                        "zero", label=f"{safe(y_ref.into)} packed for {t.instruction}")]
+    size = strips * total * strip * group
+    label = f"{safe(y_ref.into)} packed for {t.instruction}"
+    buffers: list[L.Buffer] = []
+    if t.kept:
+        pack = [kept(low, packed, size, b_t.dtype, outer.views[y_ref.from_], pack, label)]
+    else:
+        buffers.append(L.Buffer(packed, b_t.dtype, size, "heap", "global", "zero", label=label))
 
     def packed_at(gv: Affine, base: Affine, start: Affine) -> Affine:
         """Where lane `start` of group `gv` (counted over every window position) lies, in
@@ -391,6 +397,25 @@ def lower_block(low: Lowering, blk: Block, outer: Scope) -> list[L.Stmt]:
     return [L.Comment(f"block {safe(blk.name)}: {t.instruction}, lanes along {t.lane}, "
                       f"groups along {t.reduction}"),
             L.Alloc(tuple(buffers), (*pack, *nest))]
+
+
+def kept(low: Lowering, packed: str, size: int, dtype: DType, source: View,
+         fill: list[L.Stmt], label: str) -> L.Stmt:
+    """The packed operand as a top-level local kept between calls (pass tensorize decided
+    so: `Tensorized.kept`, for a read-only parameter dense in memory): zeroed and filled
+    by `fill` only when the parameter's values differ from the ones it was filled from."""
+    count = math.prod(d.size for d in source.dims)
+    if source.param < 0 or source.writable or count != 1 + sum(
+            (d.size - 1) * d.stride for d in source.dims):
+        raise IRError(f"the packed operand {label!r} is kept between calls, but its source "
+                      "is not a read-only parameter dense in memory")
+    state = L.kept_state(source.dtype, count, dtype)
+    low.kept.append(L.Buffer(packed, dtype, size + state, "pool", "global", "",
+                             label=f"{label}, kept between calls"))
+    z, zero = low.fresh("i"), low.fresh("s")
+    clear = L.Loop(z, Affine.constant(0), Affine.constant(size), (
+        L.Let(zero, L.VType(dtype), L.Lit(0)), L.Store(packed, Affine.index(z), zero)))
+    return L.Kept(packed, size, source.ptr, source.offset, count, (clear, *fill))
 
 
 def _count(n: int | None) -> L.IExpr | None:
