@@ -173,41 +173,71 @@ def lower_block(low: Lowering, blk: Block, outer: Scope) -> list[L.Stmt]:
         return (base.scale(total - 1) + gv.scale(strip) + start).scale(group)
 
     # The broadcast operand, packed where it is widened or its groups are not contiguous
-    # (a convolution's NCHW input): converted once, its own dimensions but the groups' in
-    # order and the groups innermost, so that a group is one word again:
-    # Ap[(row * groups + g) * G + t] with `row` over A's other dimensions (NCHW -> NHW[G]c).
+    # (a convolution's NCHW input): converted once, its own dimensions in their order but
+    # the groups in the place of the reduction's and the G values of a group innermost, so
+    # that a group is one word again: NCHW -> N[C/G]HW[G]c, NHWC -> NHW[C/G][G]c. The
+    # packing then reads G rows of the source at a time, each contiguous, and writes one
+    # contiguous run (a vectorizable interleave: with the groups innermost, NHW[G]c, it
+    # read a byte from a different cache line for every value, a fifth of a 1x1 layer's
+    # time); a row of the instruction steps from group to group by the plane between them.
     x_packed = None
     x_view = outer.views[x_ref.from_]
     x_dim = next(k for k, a in enumerate(x_ref.access) if t.reduction in a.names)
     x_keep = [k for k in range(len(x_ref.access)) if k != x_dim]
 
-    def x_row(at: dict[str, Affine]) -> Affine:
-        row = Affine.constant(0)
-        for k in x_keep:
-            row = row.scale(x_view.dims[k].size) + resolve(x_ref.access[k], {**idx, **at},
-                                                           f"refinement {x_ref.into!r}")
-        return row
+    def x_word(coords: dict[int, Affine], gv: Affine) -> Affine:
+        """Where group `gv` of the broadcast operand at coordinates `coords` (by dimension,
+        but the reduction's) lies in its packed copy."""
+        at = Affine.constant(0)
+        for k in range(len(x_ref.access)):
+            at = at.scale(groups) + gv if k == x_dim else \
+                at.scale(x_view.dims[k].size) + coords[k]
+        return at.scale(group)
+
+    def x_at(at: dict[str, Affine], gv: Affine) -> Affine:
+        return x_word({k: resolve(x_ref.access[k], {**idx, **at}, f"refinement {x_ref.into!r}")
+                       for k in x_keep}, gv)
 
     if x_ref.shape.dtype != a_t.dtype or x_view.dims[x_dim].stride != 1:
         x_packed = low.fresh("l")
         how = "widened" if x_ref.shape.dtype != a_t.dtype else "packed"
-        dim_vars = {k: low.fresh("i") for k in x_keep}
-        g, e = low.fresh("i"), low.fresh("i")
-        source = x_view.offset + (Affine.index(g).scale(group) + Affine.index(e)).scale(
-            x_view.dims[x_dim].stride)
-        row = Affine.constant(0)
-        for k, v in dim_vars.items():
-            source = source + Affine.index(v).scale(x_view.dims[k].stride)
-            row = row.scale(x_view.dims[k].size) + Affine.index(v)
-        put, value = converted(L.Read(x_view.ptr, source), x_view.dtype, a_t.dtype)
-        widen: L.Stmt = L.Loop(g, Affine.constant(0), Affine.constant(groups), (
-            L.Loop(e, Affine.constant(0), in_group(g), (
-                *put, L.Store(x_packed, (row.scale(groups) + Affine.index(g)).scale(group)
-                              + Affine.index(e), value))),))
-        for k in reversed(x_keep):
-            widen = L.Loop(dim_vars[k], Affine.constant(0), Affine.constant(
-                x_view.dims[k].size), (widen,))
-        pack.append(widen)
+
+        def widen(first: int, last: int, present: int) -> L.Stmt:
+            """The packing of groups [first, last), `present` values of each. Neighbouring
+            dimensions that are one run in the source as well loop as one (a plane of H x W
+            is one loop GCC vectorizes; a 14-wide row was too short)."""
+            sizes = [groups if k == x_dim else x_view.dims[k].size
+                     for k in range(len(x_ref.access))]
+            into = [math.prod(sizes[k + 1:]) * group for k in range(len(sizes))]
+            runs: list[list[int]] = []            # dimensions that loop as one
+            for k in range(len(sizes)):
+                if runs and k != x_dim and runs[-1][-1] != x_dim and \
+                        x_view.dims[runs[-1][-1]].stride == sizes[k] * x_view.dims[k].stride:
+                    runs[-1].append(k)
+                else:
+                    runs.append([k])
+            g, e = low.fresh("i"), low.fresh("i")
+            loops_of = [(g, first, last) if run == [x_dim] else
+                        (low.fresh("i"), 0, math.prod(sizes[k] for k in run)) for run in runs]
+            source = x_view.offset + (Affine.index(g).scale(group) + Affine.index(e)).scale(
+                x_view.dims[x_dim].stride)
+            place = Affine.index(g).scale(into[x_dim]) + Affine.index(e)
+            for run, (var, _, _) in zip(runs, loops_of):
+                if run != [x_dim]:
+                    source = source + Affine.index(var).scale(x_view.dims[run[-1]].stride)
+                    place = place + Affine.index(var).scale(into[run[-1]])
+            put, value = converted(L.Read(x_view.ptr, source), x_view.dtype, a_t.dtype)
+            nest: L.Stmt = L.Loop(e, Affine.constant(0), Affine.constant(present), (
+                *put, L.Store(x_packed, place, value)))
+            for var, lo, hi in reversed(loops_of):
+                nest = L.Loop(var, Affine.constant(lo), Affine.constant(hi), (nest,))
+            return nest
+
+        whole = n_red // group
+        if whole:
+            pack.append(widen(0, whole, group))
+        if n_red % group:          # a last, partial group: the rest of it stays zero
+            pack.append(widen(whole, whole + 1, n_red % group))
         buffers.append(L.Buffer(x_packed, a_t.dtype,
                                 math.prod(x_view.dims[k].size for k in x_keep) * groups * group,
                                 "heap", "global", "zero",
@@ -254,8 +284,7 @@ def lower_block(low: Lowering, blk: Block, outer: Scope) -> list[L.Stmt]:
                     x = view(x_ref, {**row, **at, t.reduction: gv.scale(group)})
                     read = L.Read(x.ptr, x.offset, group, _count(present))
                 else:     # zeros past the extent: the last group reads them
-                    read = L.Read(x_packed, (x_row({**row, **at}).scale(groups) + gv)
-                                  .scale(group), group)
+                    read = L.Read(x_packed, x_at({**row, **at}, gv), group)
                 body += [L.Let(few, L.VType(a_t.dtype, group), read),
                          L.Let(a, a_t, L.Shuffle(few, few, tuple(range(group)) * lanes))]
                 for acc, b in zip(row_accs, chunk):
