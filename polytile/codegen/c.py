@@ -18,7 +18,8 @@ Calling convention of the generated function (`CSource.symbol`):
   every data-dependent subscript is checked before it is used. Local buffers are
   released on every path.
 * The function may be called from several threads at once; the only state it
-  keeps between calls is the memory of its temporaries (below). Compile it without
+  keeps between calls is the memory of its temporaries (below), some of which keep
+  their contents (`Kept`: packed weights, with the copy they were packed from). Compile it without
   `-ffast-math` (NaN handling relies on IEEE comparisons); with `-fopenmp`, parallel
   loops run in threads.
 

@@ -43,11 +43,13 @@ A convolution (UNIT §IV-B, Fig. 5) is the same nest with three more things:
       out y[n, k, h, o]:add   in x[n, c, h + r, o + s] uint8   in w[k, c, r, s] int8 )
 
 ->  Wp[(((s * windows + w) * groups + g) * W + l) * G + t] = w[W*s + l, G*g + t, r, s_]
+         (kept between calls when the schedule says `kept`: see `kept` below)
          at window position w = (r, s_) row-major: KCRS -> K/W, RS, C/G, W, G (the
          other reductions, the window, are outer to the groups in each strip);
-    Xp[((n * H + h) * W + o) * groups + g) * G + t] = x[n, G*g + t, h, o]: the broadcast
-         operand by its own dimensions with the groups' dimension innermost, NCHW ->
-         NHW[G]c, zeros past C (packed when widened or its groups are not contiguous);
+    Xp[(((n * groups + g) * H + h) * W + o) * G + t] = x[n, G*g + t, h, o]: the broadcast
+         operand by its own dimensions, the groups in the channels' place and a group's
+         values innermost, NCHW -> N[C/G]HW[G]c, zeros past C (packed when widened or its
+         groups are not contiguous);
          a row reads Xp at its own subscripts (h + r, 2*o + s for a stride 2, one more
          for a conv3d): no case is special;
     for n, h (outer output loops), tiles of rows along o and lanes along k as above:

@@ -24,9 +24,10 @@ instruction's loops are tiled innermost):
     block s0 [n:1, k:K, h:OH, o:OW, c:C, r:R, s:S] #contraction #kernel (
       out y <- y[n, k, h, o] int32:add                   ->  #tensorized schedule(
       in x <- x[n, c, h + r, o + s] uint8                      parallel(h),
-      in w <- w[k, c, r, s] int8 )                             tensorize(vpmaddwd_256, k, c, 3, 4))
+      in w <- w[k, c, r, s] int8 )                             tensorize(vpmaddwd_256, k, c, 3, 4,
+                                                                         kept))
 
-It records `schedule(tensorize(instruction, lane, reduction, rows, chains))` and tags
+It records `schedule(tensorize(instruction, lane, reduction, rows, chains[, kept]))` and tags
 the block `tensorized` instead of `kernel`/`contraction`, so the later passes leave it
 alone; `parallel` names the outermost other output loop where the work pays for threads.
 The register tile is `chains` = 4 chunks of lanes by as many rows (at most 4) as the
@@ -41,7 +42,13 @@ accumulators there).
 
 On cpu-avx2 without avx_vnni the same block gets `tensorize(vpmaddwd_256, i1, i2, 3, 4)`.
 
-Parameter: `enabled` (default true).
+`kept`: the packed operand is a parameter the kernel only reads, one dense run of memory
+(`keepable`), so the kernel keeps it packed between calls and packs it again only when its
+values differ from the ones it was packed from (polytile.loops.tensorize.kept): a weight
+tensor used by many calls is packed once, as fbgemm's prepacked weights are, and is never
+stale.
+
+Parameters: `enabled` (default true), `keep` (default true: record `kept` where it holds).
 """
 from __future__ import annotations
 

@@ -97,7 +97,7 @@ def test_a_conv_runs_on_the_instruction_with_its_window_around_the_groups() -> N
 def test_the_rewriter_s_ir_and_loops_for_a_conv_are_golden() -> None:
     """Golden IR of the decision and golden loop IR of its lowering
     (POLYTILE_UPDATE_GOLDEN=1 to accept a deliberate change): w packed per strip as
-    (window, group) pairs, x packed NHW[2]c as int16, the window's loops around the
+    (window, group) pairs, x packed N[C/2]HW[2]c as int16, w kept between calls, the window's loops around the
     groups, the output tile staged through a stack buffer (y's lanes are K apart)."""
     fn = ir(conv2d(2), AVX2_ONLY, x=(1, 3, 7, 6), w=(10, 3, 2, 2))
     texts = {GOLDEN / "passes" / "tensorize_qconv_stride2_cpu-avx2.ir": format_function(fn),
