@@ -18,7 +18,8 @@ Calling convention of the generated function (`CSource.symbol`):
   every data-dependent subscript is checked before it is used. Local buffers are
   released on every path.
 * The function may be called from several threads at once; the only state it
-  keeps between calls is the memory of its temporaries (below). Compile it without
+  keeps between calls is the memory of its temporaries (below), some of which keep
+  their contents (`Kept`: packed weights, with the copy they were packed from). Compile it without
   `-ffast-math` (NaN handling relies on IEEE comparisons); with `-fopenmp`, parallel
   loops run in threads.
 
@@ -318,6 +319,8 @@ class _Printer:
                     *_indent(self.fail(fail, "PT_ERR_INDEX", st.param, st.dim, buf)), "}"]
         if isinstance(st, L.Alloc):
             return self.alloc(st, fail)
+        if isinstance(st, L.Kept):
+            return self.kept(st, fail)
         if isinstance(st, L.Instruction):
             return self.instruction(st)
         if isinstance(st, L.Prefetch):
@@ -530,6 +533,28 @@ class _Printer:
             return pre + lines
         return ([f"int {target.flag} = 0;"] + pre + lines + [f"{label}:"] + releases
                 + [f"if ({target.flag}) {{", *_indent(fail.jump()), "}"])
+
+    def kept(self, st: L.Kept, fail: _Target) -> list[str]:
+        """The fill of a kept block, skipped when its source holds the values it was last
+        filled from (the block's state: a header byte, 1 once filled, and their copy)."""
+        kept = self.buffers.get(st.buffer)
+        if kept is None or kept.placement != "pool":
+            raise IRError(f"kept buffer {st.buffer} is not a pooled top-level local")
+        source = self.element(st.source, st.offset)
+        nbytes = f"{st.count} * sizeof({self.buffers[st.source].dtype.c_name})"
+        state = f"pt_kept_{st.buffer}"
+        copy = f"{state} + {L.KEPT_HEADER}"
+        return [(f"/* {st.buffer} is kept between calls: filled again only where "
+                 f"{st.source} differs from the copy it was filled from */"),
+                "{",
+                f"    unsigned char *{state} = (unsigned char *)&{st.buffer}[{st.state}];",
+                f"    if (!({state}[0] == 1 && memcmp({copy}, &{source}, {nbytes}) == 0)) {{",
+                f"        {state}[0] = 0;",
+                *_indent(_indent(self.stmts(st.body, fail))),
+                f"        memcpy({copy}, &{source}, {nbytes});",
+                f"        {state}[0] = 1;",
+                "    }",
+                "}"]
 
     def element(self, buffer: str, offset: Affine) -> str:
         if buffer not in self.buffers:

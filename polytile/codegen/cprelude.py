@@ -213,13 +213,14 @@ _POOL = """\
 #define PT_POOL_SLOTS 8
 #define PT_POOL_ALIGN 4096
 
-/* count * size bytes on a PT_POOL_ALIGN boundary (C99 has no aligned allocation): the
-   malloc'ed pointer is kept in the word before the block, for pt_pool_free. */
+/* count * size zeroed bytes on a PT_POOL_ALIGN boundary (C99 has no aligned allocation):
+   the allocated pointer is kept in the word before the block, for pt_pool_free. Zeroed,
+   so that a kept block's state (polytile.loops.nodes.Kept) starts as "not filled". */
 static void *pt_pool_alloc(size_t count, size_t size)
 {
     if (size != 0 && count > (SIZE_MAX - PT_POOL_ALIGN - sizeof(void *)) / size)
         return NULL;
-    unsigned char *raw = malloc(count * size + PT_POOL_ALIGN + sizeof(void *));
+    unsigned char *raw = calloc(count * size + PT_POOL_ALIGN + sizeof(void *), 1);
     if (raw == NULL)
         return NULL;
     uintptr_t start = ((uintptr_t)(raw + sizeof(void *)) + PT_POOL_ALIGN - 1)

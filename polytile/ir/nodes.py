@@ -215,13 +215,17 @@ class Tensorized:
     the instruction's data-parallel lanes, its `reduction` index in the instruction's
     groups (UNIT's mapping, found by polytile.isa.inspect). The register tile is `rows`
     output rows by `chains` chunks of lanes: that many accumulators, each chunk's operand
-    load reused by every row, each row's broadcast by every chunk."""
+    load reused by every row, each row's broadcast by every chunk. `kept`: the packed
+    operand (a read-only parameter, dense in memory) is kept packed between calls and
+    packed again only when its values differ from the ones it was packed from (compared
+    element for element on every call, so it is never stale)."""
 
     instruction: str
     lane: str
     reduction: str
     rows: int = 4
     chains: int = 4
+    kept: bool = False
 
 
 @dataclass(frozen=True)

@@ -255,8 +255,11 @@ class _Parser(TokenCursor[_Token]):
             self.expect(",")
             rows = self.integer("the rows of the register tile")
             self.expect(",")
-            fields["tensorize"] = Tensorized(name, lane, reduction, rows,
-                                             self.integer("the chains of the register tile"))
+            chains = self.integer("the chains of the register tile")
+            kept = self.accept(",")
+            if kept:
+                self.expect_word("kept")
+            fields["tensorize"] = Tensorized(name, lane, reduction, rows, chains, kept)
         elif word == "stage":
             index = self.name("the staged reduction index")
             self.expect(",")

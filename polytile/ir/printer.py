@@ -155,8 +155,9 @@ def format_schedule(s: BlockSchedule) -> str:
     items += [f"prefetch({s.prefetch})"] if s.prefetch else []
     if s.tensorize is not None:
         t = s.tensorize
+        kept = ", kept" if t.kept else ""
         items.append(f"tensorize({t.instruction}, {t.lane}, {t.reduction}, {t.rows}, "
-                     f"{t.chains})")
+                     f"{t.chains}{kept})")
     if s.stage is not None:
         pad = f", pad = {s.stage.pad}" if s.stage.pad else ""
         items.append(f"stage({s.stage.index}, {s.stage.tile}, {', '.join(s.stage.refs)}{pad})")

@@ -161,6 +161,8 @@ class _Machine:
             self.stmts(st.body)
             for b in st.buffers:
                 del self.memory[b.name]
+        elif isinstance(st, L.Kept):
+            self.stmts(st.body)
         elif isinstance(st, L.Instruction):
             self.instruction(st)
         elif isinstance(st, L.FragmentStore):

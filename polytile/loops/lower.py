@@ -108,7 +108,7 @@ def may_fail(stmts: tuple[L.Stmt, ...] | list[L.Stmt]) -> bool:
         if isinstance(st, L.Alloc) and (any(b.placement == "heap" for b in st.buffers)
                                         or may_fail(st.body)):
             return True
-        if isinstance(st, (L.Loop, L.Alloc, L.Region, L.Single)) and may_fail(st.body):
+        if isinstance(st, (L.Loop, L.Alloc, L.Kept, L.Region, L.Single)) and may_fail(st.body):
             return True
         if isinstance(st, L.If) and (may_fail(st.then) or may_fail(st.else_)):
             return True
@@ -131,6 +131,8 @@ class Lowering:
         # The sizes of each top-level buffer (parameters and locals), by loop IR name:
         # the bounds a staged copy (polytile.loops.gpu_tile) checks its reads against.
         self.sizes: dict[str, tuple[int, ...]] = {}
+        # Top-level locals a lowering of a nested block keeps between calls (`L.Kept`).
+        self.kept: list[L.Buffer] = []
 
     def fresh(self, prefix: str) -> str:
         number = self.counters[prefix]
@@ -162,7 +164,8 @@ class Lowering:
                               f"a local buffer (direction 'none')")
         local_buffers = self.locals(local_refs, views, top_level=True)
         body = self.block(top, Scope({}, views, {}, False), root=True)
-        return L.Kernel(safe(fn.name), tuple(params), local_buffers, tuple(body))
+        return L.Kernel(safe(fn.name), tuple(params), local_buffers + tuple(self.kept),
+                        tuple(body))
 
     def locals(self, refs: list[Refinement], views: dict[str, View], top_level: bool = False,
                owner: Block | None = None) -> tuple[L.Buffer, ...]:

@@ -26,6 +26,12 @@ Semantics (the interpreter, polytile.loops.interp, is the reference):
 * `Alloc(buffers, body)`: local buffers that exist while `body` runs, each filled per
   its `init` ("nan": a quiet NaN, floats only; "zero"; "": unspecified, because the body
   writes every element before reading it).
+* `Kept(buffer, state, source, offset, count, body)`: `body` fills `buffer` (a pooled
+  top-level local, kept between calls) from the `count` elements of parameter `source`
+  that start at `offset`, one contiguous run; it runs unless this block of `buffer` was
+  last filled from the same values. Elements `state` onward of `buffer` remember them:
+  whether the block was filled, and a copy of the source's elements, compared element for
+  element (the interpreter runs `body` every time: skipping it changes no value).
 * `Prefetch(buffer, offset)`: a hint that the element (inside the buffer) will be read
   soon; no effect on any value (the interpreter skips it).
 * `Region(body)`: one team of threads runs `body`, a stitched kernel's phases
@@ -296,6 +302,26 @@ class Alloc:
     body: tuple["Stmt", ...]
 
 
+KEPT_HEADER = 64     # bytes of a kept state before its copy: whether the block is filled
+
+
+def kept_state(source: DType, count: int, dtype: DType) -> int:
+    """Elements of `dtype` a `Kept` state takes: the header and a copy of `count`
+    elements of `source`."""
+    nbytes = KEPT_HEADER + count * source.numpy.itemsize
+    return -(-nbytes // dtype.numpy.itemsize)
+
+
+@dataclass(frozen=True)
+class Kept:
+    buffer: str
+    state: int                      # the element of `buffer` where its kept state starts
+    source: str
+    offset: Affine
+    count: int
+    body: tuple["Stmt", ...]
+
+
 @dataclass(frozen=True)
 class Comment:
     text: str
@@ -333,7 +359,7 @@ class Instruction:
     inputs: tuple[str, ...]
 
 
-Stmt = Union[Let, Var, Assign, Store, Loop, If, Switch, Check, Alloc, Comment, Prefetch,
+Stmt = Union[Let, Var, Assign, Store, Loop, If, Switch, Check, Alloc, Kept, Comment, Prefetch,
              Barrier, Instruction, Region, Single, FragmentStore]
 
 

@@ -43,11 +43,13 @@ A convolution (UNIT §IV-B, Fig. 5) is the same nest with three more things:
       out y[n, k, h, o]:add   in x[n, c, h + r, o + s] uint8   in w[k, c, r, s] int8 )
 
 ->  Wp[(((s * windows + w) * groups + g) * W + l) * G + t] = w[W*s + l, G*g + t, r, s_]
+         (kept between calls when the schedule says `kept`: see `kept` below)
          at window position w = (r, s_) row-major: KCRS -> K/W, RS, C/G, W, G (the
          other reductions, the window, are outer to the groups in each strip);
-    Xp[((n * H + h) * W + o) * groups + g) * G + t] = x[n, G*g + t, h, o]: the broadcast
-         operand by its own dimensions with the groups' dimension innermost, NCHW ->
-         NHW[G]c, zeros past C (packed when widened or its groups are not contiguous);
+    Xp[(((n * groups + g) * H + h) * W + o) * G + t] = x[n, G*g + t, h, o]: the broadcast
+         operand by its own dimensions, the groups in the channels' place and a group's
+         values innermost, NCHW -> N[C/G]HW[G]c, zeros past C (packed when widened or its
+         groups are not contiguous);
          a row reads Xp at its own subscripts (h + r, 2*o + s for a stride 2, one more
          for a conv3d): no case is special;
     for n, h (outer output loops), tiles of rows along o and lanes along k as above:
@@ -63,9 +65,10 @@ from typing import TYPE_CHECKING
 from polytile.errors import IRError
 from polytile.ir.nodes import Affine, Block
 from polytile.loops import nodes as L
-from polytile.loops.views import Scope, child_view, fixed_indices, resolve, safe
+from polytile.loops.views import Scope, View, child_view, fixed_indices, resolve, safe
 
 if TYPE_CHECKING:
+    from polytile.dtypes import DType
     from polytile.loops.lower import Lowering
 
 COLUMNS = 256       # lanes per block of the packed operand (K x 256 bytes: kept in L2)
@@ -158,8 +161,13 @@ def lower_block(low: Lowering, blk: Block, outer: Scope) -> list[L.Stmt]:
     for n in reversed(red):
         fill = L.Loop(red_vars[n], Affine.constant(0), Affine.constant(loops[n]), (fill,))
     pack: list[L.Stmt] = [L.Loop(ps, Affine.constant(0), Affine.constant(strips), (fill,))]
-    buffers = [L.Buffer(packed, b_t.dtype, strips * total * strip * group, "heap", "global",
-                        "zero", label=f"{safe(y_ref.into)} packed for {t.instruction}")]
+    size = strips * total * strip * group
+    label = f"{safe(y_ref.into)} packed for {t.instruction}"
+    buffers: list[L.Buffer] = []
+    if t.kept:
+        pack = [kept(low, packed, size, b_t.dtype, outer.views[y_ref.from_], pack, label)]
+    else:
+        buffers.append(L.Buffer(packed, b_t.dtype, size, "heap", "global", "zero", label=label))
 
     def packed_at(gv: Affine, base: Affine, start: Affine) -> Affine:
         """Where lane `start` of group `gv` (counted over every window position) lies, in
@@ -167,41 +175,71 @@ def lower_block(low: Lowering, blk: Block, outer: Scope) -> list[L.Stmt]:
         return (base.scale(total - 1) + gv.scale(strip) + start).scale(group)
 
     # The broadcast operand, packed where it is widened or its groups are not contiguous
-    # (a convolution's NCHW input): converted once, its own dimensions but the groups' in
-    # order and the groups innermost, so that a group is one word again:
-    # Ap[(row * groups + g) * G + t] with `row` over A's other dimensions (NCHW -> NHW[G]c).
+    # (a convolution's NCHW input): converted once, its own dimensions in their order but
+    # the groups in the place of the reduction's and the G values of a group innermost, so
+    # that a group is one word again: NCHW -> N[C/G]HW[G]c, NHWC -> NHW[C/G][G]c. The
+    # packing then reads G rows of the source at a time, each contiguous, and writes one
+    # contiguous run (a vectorizable interleave: with the groups innermost, NHW[G]c, it
+    # read a byte from a different cache line for every value, a fifth of a 1x1 layer's
+    # time); a row of the instruction steps from group to group by the plane between them.
     x_packed = None
     x_view = outer.views[x_ref.from_]
     x_dim = next(k for k, a in enumerate(x_ref.access) if t.reduction in a.names)
     x_keep = [k for k in range(len(x_ref.access)) if k != x_dim]
 
-    def x_row(at: dict[str, Affine]) -> Affine:
-        row = Affine.constant(0)
-        for k in x_keep:
-            row = row.scale(x_view.dims[k].size) + resolve(x_ref.access[k], {**idx, **at},
-                                                           f"refinement {x_ref.into!r}")
-        return row
+    def x_word(coords: dict[int, Affine], gv: Affine) -> Affine:
+        """Where group `gv` of the broadcast operand at coordinates `coords` (by dimension,
+        but the reduction's) lies in its packed copy."""
+        at = Affine.constant(0)
+        for k in range(len(x_ref.access)):
+            at = at.scale(groups) + gv if k == x_dim else \
+                at.scale(x_view.dims[k].size) + coords[k]
+        return at.scale(group)
+
+    def x_at(at: dict[str, Affine], gv: Affine) -> Affine:
+        return x_word({k: resolve(x_ref.access[k], {**idx, **at}, f"refinement {x_ref.into!r}")
+                       for k in x_keep}, gv)
 
     if x_ref.shape.dtype != a_t.dtype or x_view.dims[x_dim].stride != 1:
         x_packed = low.fresh("l")
         how = "widened" if x_ref.shape.dtype != a_t.dtype else "packed"
-        dim_vars = {k: low.fresh("i") for k in x_keep}
-        g, e = low.fresh("i"), low.fresh("i")
-        source = x_view.offset + (Affine.index(g).scale(group) + Affine.index(e)).scale(
-            x_view.dims[x_dim].stride)
-        row = Affine.constant(0)
-        for k, v in dim_vars.items():
-            source = source + Affine.index(v).scale(x_view.dims[k].stride)
-            row = row.scale(x_view.dims[k].size) + Affine.index(v)
-        put, value = converted(L.Read(x_view.ptr, source), x_view.dtype, a_t.dtype)
-        widen: L.Stmt = L.Loop(g, Affine.constant(0), Affine.constant(groups), (
-            L.Loop(e, Affine.constant(0), in_group(g), (
-                *put, L.Store(x_packed, (row.scale(groups) + Affine.index(g)).scale(group)
-                              + Affine.index(e), value))),))
-        for k in reversed(x_keep):
-            widen = L.Loop(dim_vars[k], Affine.constant(0), Affine.constant(
-                x_view.dims[k].size), (widen,))
-        pack.append(widen)
+
+        def widen(first: int, last: int, present: int) -> L.Stmt:
+            """The packing of groups [first, last), `present` values of each. Neighbouring
+            dimensions that are one run in the source as well loop as one (a plane of H x W
+            is one loop GCC vectorizes; a 14-wide row was too short)."""
+            sizes = [groups if k == x_dim else x_view.dims[k].size
+                     for k in range(len(x_ref.access))]
+            into = [math.prod(sizes[k + 1:]) * group for k in range(len(sizes))]
+            runs: list[list[int]] = []            # dimensions that loop as one
+            for k in range(len(sizes)):
+                if runs and k != x_dim and runs[-1][-1] != x_dim and \
+                        x_view.dims[runs[-1][-1]].stride == sizes[k] * x_view.dims[k].stride:
+                    runs[-1].append(k)
+                else:
+                    runs.append([k])
+            g, e = low.fresh("i"), low.fresh("i")
+            loops_of = [(g, first, last) if run == [x_dim] else
+                        (low.fresh("i"), 0, math.prod(sizes[k] for k in run)) for run in runs]
+            source = x_view.offset + (Affine.index(g).scale(group) + Affine.index(e)).scale(
+                x_view.dims[x_dim].stride)
+            place = Affine.index(g).scale(into[x_dim]) + Affine.index(e)
+            for run, (var, _, _) in zip(runs, loops_of):
+                if run != [x_dim]:
+                    source = source + Affine.index(var).scale(x_view.dims[run[-1]].stride)
+                    place = place + Affine.index(var).scale(into[run[-1]])
+            put, value = converted(L.Read(x_view.ptr, source), x_view.dtype, a_t.dtype)
+            nest: L.Stmt = L.Loop(e, Affine.constant(0), Affine.constant(present), (
+                *put, L.Store(x_packed, place, value)))
+            for var, lo, hi in reversed(loops_of):
+                nest = L.Loop(var, Affine.constant(lo), Affine.constant(hi), (nest,))
+            return nest
+
+        whole = n_red // group
+        if whole:
+            pack.append(widen(0, whole, group))
+        if n_red % group:          # a last, partial group: the rest of it stays zero
+            pack.append(widen(whole, whole + 1, n_red % group))
         buffers.append(L.Buffer(x_packed, a_t.dtype,
                                 math.prod(x_view.dims[k].size for k in x_keep) * groups * group,
                                 "heap", "global", "zero",
@@ -248,8 +286,7 @@ def lower_block(low: Lowering, blk: Block, outer: Scope) -> list[L.Stmt]:
                     x = view(x_ref, {**row, **at, t.reduction: gv.scale(group)})
                     read = L.Read(x.ptr, x.offset, group, _count(present))
                 else:     # zeros past the extent: the last group reads them
-                    read = L.Read(x_packed, (x_row({**row, **at}).scale(groups) + gv)
-                                  .scale(group), group)
+                    read = L.Read(x_packed, x_at({**row, **at}, gv), group)
                 body += [L.Let(few, L.VType(a_t.dtype, group), read),
                          L.Let(a, a_t, L.Shuffle(few, few, tuple(range(group)) * lanes))]
                 for acc, b in zip(row_accs, chunk):
@@ -391,6 +428,25 @@ def lower_block(low: Lowering, blk: Block, outer: Scope) -> list[L.Stmt]:
     return [L.Comment(f"block {safe(blk.name)}: {t.instruction}, lanes along {t.lane}, "
                       f"groups along {t.reduction}"),
             L.Alloc(tuple(buffers), (*pack, *nest))]
+
+
+def kept(low: Lowering, packed: str, size: int, dtype: DType, source: View,
+         fill: list[L.Stmt], label: str) -> L.Stmt:
+    """The packed operand as a top-level local kept between calls (pass tensorize decided
+    so: `Tensorized.kept`, for a read-only parameter dense in memory): zeroed and filled
+    by `fill` only when the parameter's values differ from the ones it was filled from."""
+    count = math.prod(d.size for d in source.dims)
+    if source.param < 0 or source.writable or count != 1 + sum(
+            (d.size - 1) * d.stride for d in source.dims):
+        raise IRError(f"the packed operand {label!r} is kept between calls, but its source "
+                      "is not a read-only parameter dense in memory")
+    state = L.kept_state(source.dtype, count, dtype)
+    low.kept.append(L.Buffer(packed, dtype, size + state, "pool", "global", "",
+                             label=f"{label}, kept between calls"))
+    z, zero = low.fresh("i"), low.fresh("s")
+    clear = L.Loop(z, Affine.constant(0), Affine.constant(size), (
+        L.Let(zero, L.VType(dtype), L.Lit(0)), L.Store(packed, Affine.index(z), zero)))
+    return L.Kept(packed, size, source.ptr, source.offset, count, (clear, *fill))
 
 
 def _count(n: int | None) -> L.IExpr | None:

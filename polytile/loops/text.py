@@ -122,6 +122,11 @@ def _stmts(stmts: tuple[L.Stmt, ...], depth: int) -> list[str]:
             out += [f"{pad}local {_buffer(b)}" for b in st.buffers]
             out.append(f"{pad}with {', '.join(b.name for b in st.buffers)}:")
             out += _stmts(st.body, depth + 1)
+        elif isinstance(st, L.Kept):
+            out.append(f"{pad}unless {st.buffer} was filled from {st.source}"
+                       f"[{st.offset}:{st.offset + st.count}] as it is now (kept at "
+                       f"{st.buffer}[{st.state}:]):")
+            out += _stmts(st.body, depth + 1)
         elif isinstance(st, L.Prefetch):
             out.append(f"{pad}prefetch {_access(st.buffer, st.offset, 1, None)}")
         elif isinstance(st, L.Barrier):

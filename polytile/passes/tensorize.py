@@ -24,9 +24,10 @@ instruction's loops are tiled innermost):
     block s0 [n:1, k:K, h:OH, o:OW, c:C, r:R, s:S] #contraction #kernel (
       out y <- y[n, k, h, o] int32:add                   ->  #tensorized schedule(
       in x <- x[n, c, h + r, o + s] uint8                      parallel(h),
-      in w <- w[k, c, r, s] int8 )                             tensorize(vpmaddwd_256, k, c, 3, 4))
+      in w <- w[k, c, r, s] int8 )                             tensorize(vpmaddwd_256, k, c, 3, 4,
+                                                                         kept))
 
-It records `schedule(tensorize(instruction, lane, reduction, rows, chains))` and tags
+It records `schedule(tensorize(instruction, lane, reduction, rows, chains[, kept]))` and tags
 the block `tensorized` instead of `kernel`/`contraction`, so the later passes leave it
 alone; `parallel` names the outermost other output loop where the work pays for threads.
 The register tile is `chains` = 4 chunks of lanes by as many rows (at most 4) as the
@@ -41,7 +42,13 @@ accumulators there).
 
 On cpu-avx2 without avx_vnni the same block gets `tensorize(vpmaddwd_256, i1, i2, 3, 4)`.
 
-Parameter: `enabled` (default true).
+`kept`: the packed operand is a parameter the kernel only reads, one dense run of memory
+(`keepable`), so the kernel keeps it packed between calls and packs it again only when its
+values differ from the ones it was packed from (polytile.loops.tensorize.kept): a weight
+tensor used by many calls is packed once, as fbgemm's prepacked weights are, and is never
+stale.
+
+Parameters: `enabled` (default true), `keep` (default true: record `kept` where it holds).
 """
 from __future__ import annotations
 
@@ -72,8 +79,9 @@ def tensorize(fn: N.Function, target: Target, params: dict[str, Any]) -> N.Funct
                     key=lambda d: (-d.operand_types[0].lanes, d.name))   # most products first
     if not usable:
         return fn
-    stmts = tuple(_tensorized(s, usable, target) if isinstance(s, N.Block) else s
-                  for s in fn.body.stmts)
+    keep = params.get("keep", True)
+    stmts = tuple(_tensorized(s, usable, target, keepable(fn) if keep else frozenset())
+                  if isinstance(s, N.Block) else s for s in fn.body.stmts)
     return replace(fn, body=replace(fn.body, stmts=stmts))
 
 
@@ -93,7 +101,27 @@ CHAINS = 4      # chunks of lanes per register tile: independent chains of the i
 ROWS = 4        # at most, rows per register tile
 
 
-def _tensorized(block: N.Block, usable: list[Description], target: Target) -> N.Block:
+def keepable(fn: N.Function) -> frozenset[str]:
+    """The parameters a packed operand may be kept from between calls: read only and
+    dense in memory (their elements one contiguous run, in some order of the
+    dimensions), so that the kernel can compare them with a copy of the values it packed
+    before (`Tensorized.kept`)."""
+    refs = {r.into: r for r in fn.body.refs}
+    return frozenset(p for p in fn.params if refs[p].dir == "in" and dense(refs[p].shape.dims))
+
+
+def dense(dims: tuple[N.Dim, ...]) -> bool:
+    """Whether the elements of `dims` fill one run of memory without gaps or overlaps."""
+    size = 1
+    for d in sorted((d for d in dims if d.size != 1), key=lambda d: abs(d.stride)):
+        if d.stride != size:
+            return False
+        size *= d.size
+    return True
+
+
+def _tensorized(block: N.Block, usable: list[Description], target: Target,
+                keep: frozenset[str]) -> N.Block:
     if not {"kernel", "contraction"} <= block.tags or block.constraints \
             or any(isinstance(s, N.Block) for s in block.stmts):
         return block
@@ -109,7 +137,8 @@ def _tensorized(block: N.Block, usable: list[Description], target: Target) -> N.
                 continue
             if layable(block, lane, red, broadcast, packed):
                 rows = max(1, min(ROWS, (target.vector_registers - 2) // CHAINS))
-                return _record(block, N.Tensorized(d.name, lane, red, rows, CHAINS))
+                kept = block.ref(packed).from_ in keep
+                return _record(block, N.Tensorized(d.name, lane, red, rows, CHAINS, kept))
     return block
 
 
@@ -153,4 +182,4 @@ def _record(block: N.Block, t: N.Tensorized) -> N.Block:
     return replace(block, tags=tags, schedule=N.BlockSchedule(parallel=parallel, tensorize=t))
 
 
-register("tensorize", tensorize, enabled=flag)
+register("tensorize", tensorize, enabled=flag, keep=flag)

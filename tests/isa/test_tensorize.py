@@ -72,14 +72,14 @@ def test_the_widest_instruction_the_target_has_is_chosen() -> None:
 def test_the_ir_records_the_mapping_and_threads_and_round_trips() -> None:
     fn = ir(I8, inspection_target("cpu-avx512", frozenset()), A=(512, 256), B=(256, 512))
     text = format_function(fn)
-    assert "#tensorized schedule(parallel(i0), tensorize(vpdpbusd_512, i1, i2, 4, 4))" in text
+    assert "#tensorized schedule(parallel(i0), tensorize(vpdpbusd_512, i1, i2, 4, 4, kept))" in text
     assert format_function(parse_function(text)) == text
-    swapped = text.replace("tensorize(vpdpbusd_512, i1, i2, 4, 4)",
-                           "tensorize(vpdpbusd_512, i2, i1, 4, 4)")
+    swapped = text.replace("tensorize(vpdpbusd_512, i1, i2, 4, 4, kept)",
+                           "tensorize(vpdpbusd_512, i2, i1, 4, 4, kept)")
     with pytest.raises(IRError, match="does not compute there"):
         verify(parse_function(swapped))
-    empty = text.replace("tensorize(vpdpbusd_512, i1, i2, 4, 4)",
-                         "tensorize(vpdpbusd_512, i1, i2, 0, 4)")
+    empty = text.replace("tensorize(vpdpbusd_512, i1, i2, 4, 4, kept)",
+                         "tensorize(vpdpbusd_512, i1, i2, 0, 4, kept)")
     with pytest.raises(IRError, match="register tile 0 x 4 is empty"):
         verify(parse_function(empty))
 

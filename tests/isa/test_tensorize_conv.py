@@ -97,7 +97,7 @@ def test_a_conv_runs_on_the_instruction_with_its_window_around_the_groups() -> N
 def test_the_rewriter_s_ir_and_loops_for_a_conv_are_golden() -> None:
     """Golden IR of the decision and golden loop IR of its lowering
     (POLYTILE_UPDATE_GOLDEN=1 to accept a deliberate change): w packed per strip as
-    (window, group) pairs, x packed NHW[2]c as int16, the window's loops around the
+    (window, group) pairs, x packed N[C/2]HW[2]c as int16, w kept between calls, the window's loops around the
     groups, the output tile staged through a stack buffer (y's lanes are K apart)."""
     fn = ir(conv2d(2), AVX2_ONLY, x=(1, 3, 7, 6), w=(10, 3, 2, 2))
     texts = {GOLDEN / "passes" / "tensorize_qconv_stride2_cpu-avx2.ir": format_function(fn),
@@ -107,7 +107,7 @@ def test_the_rewriter_s_ir_and_loops_for_a_conv_are_golden() -> None:
             path.write_text(text)
         assert text == path.read_text(), f"{path.name} changed; see the docstring"
     ir_text, loops = texts.values()
-    assert "#tensorized schedule(tensorize(vpmaddwd_256, i1, i4, 3, 4))" in ir_text
+    assert "#tensorized schedule(tensorize(vpmaddwd_256, i1, i4, 3, 4, kept))" in ir_text
     assert "x packed" not in loops and "p0 widened for vpmaddwd_256" in loops
     assert "a tile of the output" in loops and "on stack" in loops
 
@@ -306,3 +306,50 @@ def test_the_rewriter_is_exact_on_any_conv(name: str, n: int, c: int, k: int, r:
     assert [t.instruction for t in schedules(fn)] == ([name] if c > 1 and k > 1 else [])
     np.testing.assert_array_equal(run_loops(conv2d(stride), TARGETS[name], x, w, want.shape),
                                   want)
+
+
+# ---------------------------------------------------------------- weights kept between calls
+
+def test_kept_weights_follow_every_change_of_their_values() -> None:
+    """The packed weights are kept between calls (`tensorize(..., kept)`) and packed
+    again whenever the weights' values differ from the ones they were packed from: the
+    same array changed in place, another array, the first one again, the int8 extremes;
+    every result exact. Odd channels, stride 2, a partial group and a lane tail."""
+    qconv = avx2_only(conv2d(2)).qconv
+    x, w = inputs(14, (1, 13, 11, 10), (21, 13, 3, 3))
+    first = w.copy()
+    calls = [w, w]
+    for change in ((0, 0, 0, 0, -128), (20, 12, 2, 2, 127), (7, 6, 1, 0, 0)):
+        *at, value = change
+        calls.append(("in place", tuple(at), value))
+    other = inputs(15, (1, 13, 11, 10), (21, 13, 3, 3))[1]
+    extremes = np.where(np.indices(w.shape).sum(axis=0) % 2, -128, 127).astype(np.int8)
+    calls += [other, first, extremes, np.asfortranarray(extremes), first]
+    for call in calls:
+        if isinstance(call, tuple):
+            _, at, value = call
+            w[at] = value
+            call = w
+        np.testing.assert_array_equal(qconv(x, call), reference(x, call, 2))
+    top = np.full_like(x, 255)          # 255 x -128 and 255 x 127 in every product
+    np.testing.assert_array_equal(qconv(top, extremes), reference(top, extremes, 2))
+    (kernel,) = qconv._kernels.values()
+    source = kernel.source_path.read_text()
+    assert "memcmp(pt_kept_" in source and "kept between calls" in source
+
+
+def test_kept_weights_are_private_to_concurrent_calls() -> None:
+    """Calls from several threads at once, each with its own weights, each exact: a call
+    takes a kept block no other call holds (the pool's slots), with its own copy."""
+    from concurrent.futures import ThreadPoolExecutor
+    qconv = avx2_only(conv2d()).qconv
+    cases = [inputs(seed, (1, 9, 8, 8), (24, 9, 3, 3)) for seed in range(4)]
+    wants = [reference(x, w) for x, w in cases]
+
+    def run(k: int) -> bool:
+        x, w = cases[k % 4]
+        return bool(np.array_equal(qconv(x, w), wants[k % 4]))
+
+    qconv(*cases[0])
+    with ThreadPoolExecutor(4) as pool:
+        assert all(pool.map(run, range(64)))
