@@ -192,8 +192,8 @@ def _check_rows(block: Block, group: RowGroup, path: str) -> None:
                           f"statements for {len(group.phases)} phases")
     for member, phase in zip(members, group.phases):
         if rows_.phase_kind(member) != phase.kind:
-            raise _fail(path, f"member {member.name} cannot run as a {phase.kind} phase "
-                              f"(it is {rows_.phase_kind(member) or 'none'})")
+            raise _fail(path, f"member {member.name}'s phase kind is "
+                              f"{rows_.phase_kind(member) or 'none'}, not {phase.kind}")
     for member, needed, phase in zip(members, rows_.required_barriers(members), group.phases):
         if needed and not phase.barrier:
             raise _fail(path, f"member {member.name} has no barrier after it, but a later "
