@@ -12,7 +12,8 @@ from collections.abc import Callable
 
 import numpy as np
 import pytest
-from conformance.test_conformance import relayout
+from conformance.programs import CASES as CORPUS
+from conformance.test_conformance import as_tuple, assert_agrees, relayout
 from gpu.cubin import cubin_arch
 
 import polytile as pt
@@ -173,6 +174,32 @@ def test_opencl_on_pocl_matches_the_reference(name: str, d: int) -> None:
     for layout in ("c", "f", "strided"):
         got = mod[name](*[relayout(a, layout) for a in args])
         np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-6, err_msg=layout)
+
+
+# The conformance programs whose fused form is a row group.
+CORPUS_ROWS = ["softmax (three temporaries)", "softmax in double", "log-softmax",
+               "layernorm (scalar eps)", "RMSnorm"]
+
+
+@needs_opencl
+@pytest.mark.parametrize("case", [c for c in CORPUS if c.name in CORPUS_ROWS],
+                         ids=lambda c: c.name)
+def test_corpus_row_groups_on_pocl_match_their_references(case) -> None:  # type: ignore[no-untyped-def]
+    rng = np.random.default_rng(0)
+    args = case.make_inputs(rng)
+    mod = pt.define(case.source, target="opencl")
+    assert mod.compiler is not None
+    mod.compiler.options = ROWS
+    fn = mod[case.function]
+    shapes = {p.name: np.shape(a) for p, a in zip(fn.fn.params, args)
+              if isinstance(a, np.ndarray) and a.ndim}
+    scalars = {p.name: a for p, a in zip(fn.fn.params, args) if p.name not in shapes}
+    assert row_group(mod.compiler.ir(specialize(fn.fn, shapes, scalars))) is not None
+    want = as_tuple(case.numpy_reference(*args))
+    for layout in ("c", "strided"):
+        got = as_tuple(fn(*[relayout(a, layout) for a in args]))
+        for g, w in zip(got, want):
+            assert_agrees(g, w, case.tolerance, f"{case.name} ({layout})")
 
 
 @needs_opencl
