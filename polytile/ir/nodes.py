@@ -299,6 +299,36 @@ class Stitched:
     phases: tuple[Phase, ...]
 
 
+ROW_PHASE_KINDS = ("single", "spread", "across")
+
+
+@dataclass(frozen=True)
+class RowPhase:
+    """One member of a row group (`RowGroup`): `single`, work-item 0 runs it (a member
+    without a loop, such as a reduction's initialization); `spread`, the iterations of
+    its one loop are dealt out to the work-items, every `threads`-th to each (an
+    elementwise member); `across`, its one loop is a reduction the work-items share, each
+    combining every `threads`-th term, then a tree in local memory, work-item 0 combining
+    the total into the output. `barrier`: the group waits after it (a later member
+    touches what it writes, or writes what it reads)."""
+
+    kind: str
+    barrier: bool
+
+
+@dataclass(frozen=True)
+class RowGroup:
+    """FusionStitching's block composition (§5) on a GPU: a fused row block whose row
+    index `index` runs one row per work-group, its `threads` work-items (a power of two)
+    running each member statement in turn as described by `phases` (one per member,
+    in order). The row's intermediates (the block's local buffers) live where their
+    refinement's location says: "shared" is the group's local memory."""
+
+    index: str
+    threads: int
+    phases: tuple[RowPhase, ...]
+
+
 @dataclass(frozen=True)
 class BlockSchedule:
     """How a block's iterations run: decided by passes, recorded here as data, printed
@@ -333,7 +363,9 @@ class BlockSchedule:
     * stitch: the block's statements are the phases of one parallel region (`Stitched`,
       set by pass autotile on the blocks pass fuse stitches);
     * mma: the block runs on a warp-level matrix instruction, a tile per warp (pass
-      `tensor_cores`; `WarpTiled`).
+      `tensor_cores`; `WarpTiled`);
+    * rows: a fused row block runs a row per work-group, its members as phases across
+      the group's work-items (pass `gpu`; `RowGroup`).
     """
 
     micro: bool = False
@@ -352,6 +384,7 @@ class BlockSchedule:
     across: Across | None = None
     stitch: Stitched | None = None
     mma: WarpTiled | None = None
+    rows: RowGroup | None = None
 
 
 # The element types whose buffers threads may accumulate privately (BlockSchedule.combine):

@@ -23,6 +23,7 @@ from polytile.ir.nodes import (
     AGG_OPS,
     DIRECTIONS,
     GPU_KINDS,
+    ROW_PHASE_KINDS,
     Across,
     Affine,
     Block,
@@ -36,6 +37,8 @@ from polytile.ir.nodes import (
     LoadIndex,
     Phase,
     Refinement,
+    RowGroup,
+    RowPhase,
     Special,
     Staged,
     Statement,
@@ -215,7 +218,7 @@ class _Parser(TokenCursor[_Token]):
             return
         if word not in ("parallel", "combine", "vector", "unroll", "order", "transpose",
                         "boundary",
-                        "prefetch", "tensorize", "stage", "across", "stitch", "mma",
+                        "prefetch", "tensorize", "stage", "across", "stitch", "mma", "rows",
                         *GPU_KINDS):
             raise IRError(f"unknown schedule item {word!r}", item.loc,
                           "items: micro, vector(i, dtype, lanes), boundary(remainders|guarded), "
@@ -223,7 +226,8 @@ class _Parser(TokenCursor[_Token]):
                           "combine(buffer, ...), simd, "
                           "grid(i), thread(i), prefetch(distance), tensorize(instruction, i, k), "
                           "stage(k, tile, A, ..., pad = n), across(k, threads), "
-                          "stitch(for barrier, single, ...), mma(instruction, i, j, k, warps, warps, tiles, tiles)")
+                          "stitch(for barrier, single, ...), mma(instruction, i, j, k, warps, warps, tiles, tiles), "
+                          "rows(r, threads, single barrier, across, spread, ...)")
         self.expect("(")
         if word in ("unroll", "order"):
             fields[word] = self.listed(")", lambda: self.name("an index"))
@@ -275,6 +279,15 @@ class _Parser(TokenCursor[_Token]):
                     break
                 refs.append(self.name("a staged buffer"))
             fields["stage"] = Staged(index, tile, tuple(refs), pad)
+        elif word == "rows":
+            index = self.name("the row index")
+            self.expect(",")
+            threads = self.integer("the work-items")
+            phases: list[RowPhase] = []
+            while self.tok.text == ",":
+                self.advance()
+                phases.append(self.row_phase())
+            fields["rows"] = RowGroup(index, threads, tuple(phases))
         elif word == "across":
             index = self.name("the reduction index")
             self.expect(",")
@@ -310,6 +323,18 @@ class _Parser(TokenCursor[_Token]):
         if barrier:
             self.advance()
         return Phase(kind == "for", barrier)
+
+    def row_phase(self) -> RowPhase:
+        """`single`, `spread` or `across`, then `barrier` if the group waits after it."""
+        tok = self.tok
+        kind = self.name("single, spread or across")
+        if kind not in ROW_PHASE_KINDS:
+            raise IRError(f"a row group's phase is one of {', '.join(ROW_PHASE_KINDS)}, not "
+                          f"{kind!r}", tok.loc)
+        barrier = self.tok.text == "barrier"
+        if barrier:
+            self.advance()
+        return RowPhase(kind, barrier)
 
     def comment(self) -> str:
         lines = []

@@ -171,6 +171,9 @@ def format_schedule(s: BlockSchedule) -> str:
         phases = (("for" if p.shared else "single") + (" barrier" if p.barrier else "")
                   for p in s.stitch.phases)
         items.append(f"stitch({', '.join(phases)})")
+    if s.rows is not None:
+        kinds = (p.kind + (" barrier" if p.barrier else "") for p in s.rows.phases)
+        items.append(f"rows({s.rows.index}, {s.rows.threads}, {', '.join(kinds)})")
     return f"schedule({', '.join(items)})"
 
 

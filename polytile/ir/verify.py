@@ -47,6 +47,7 @@ from polytile import dtypes
 from polytile.errors import IRError
 from polytile.ir import intrinsics, polyhedra
 from polytile.ir import phases as phases_
+from polytile.ir import rows as rows_
 from polytile.ir.nodes import (
     AGG_OPS,
     BOUNDARY_KINDS,
@@ -62,6 +63,7 @@ from polytile.ir.nodes import (
     Load,
     LoadIndex,
     Refinement,
+    RowGroup,
     Special,
     Staged,
     Stitched,
@@ -174,6 +176,33 @@ def _check_stitch(block: Block, stitch: Stitched, path: str) -> None:
                               "phase touches what it writes (or writes what it reads)")
 
 
+def _check_rows(block: Block, group: RowGroup, path: str) -> None:
+    """A row group: one loop, its rows on the grid, a power-of-two group, a phase per
+    member of the kind `polytile.ir.rows` gives it, a barrier wherever a later member
+    depends on it, and no buffer in global memory passed between members."""
+    loops = [i.name for i in block.idxs if i.affine is None]
+    threads = group.threads
+    if loops != [group.index] or block.schedule.gpu != ((group.index, "grid"),) \
+            or threads < 2 or threads & (threads - 1):
+        raise _fail(path, f"rows({group.index}, {threads}) needs the block's one loop on the "
+                          "grid and a power-of-two group of work-items")
+    members = [st for st in block.stmts if isinstance(st, Block)]
+    if len(members) != len(block.stmts) or len(members) != len(group.phases):
+        raise _fail(path, f"a row group has a block per phase, not {len(block.stmts)} "
+                          f"statements for {len(group.phases)} phases")
+    for member, phase in zip(members, group.phases):
+        if rows_.phase_kind(member) != phase.kind:
+            raise _fail(path, f"member {member.name}'s phase kind is "
+                              f"{rows_.phase_kind(member) or 'none'}, not {phase.kind}")
+    for member, needed, phase in zip(members, rows_.required_barriers(members), group.phases):
+        if needed and not phase.barrier:
+            raise _fail(path, f"member {member.name} has no barrier after it, but a later "
+                              "member touches what it writes (or writes what it reads)")
+    if rows_.global_handoffs(block):
+        raise _fail(path, f"members of a row group pass {sorted(rows_.global_handoffs(block))} "
+                          "through global memory, which a group barrier does not order")
+
+
 def _check_across(block: Block, across: Across, path: str) -> None:
     """A reduction across work-items: a power-of-two group over the only loop of a leaf
     whose one store aggregates along it, without data-dependent subscripts (a failed
@@ -270,6 +299,8 @@ def _check_schedule(block: Block, path: str, target: Target | None) -> None:
         _check_across(block, s.across, path)
     if s.stitch is not None:
         _check_stitch(block, s.stitch, path)
+    if s.rows is not None:
+        _check_rows(block, s.rows, path)
     if s.vector is not None:
         _check_vector(block, s.vector, path, target)
     if s.combine:

@@ -204,13 +204,26 @@ def lower_across(low: Lowering, blk: Block, outer: Scope) -> list[L.Stmt]:
     Every work-item reaches every barrier (the tree's steps are unrolled, uniform)."""
     spec = blk.schedule.across
     assert spec is not None
+    t = low.fresh("i")
+    work, buffer = across_steps(low, blk, outer, spec.index, Affine.index(t), spec.threads)
+    title = L.Comment(f"block {safe(blk.name)}: reduction {safe(spec.index)} across "
+                      f"{spec.threads} work-items")
+    return [title, L.Alloc((buffer,), (L.Loop(t, Affine.constant(0),
+                                              Affine.constant(spec.threads), tuple(work),
+                                              "thread"),))]
+
+
+def across_steps(low: Lowering, blk: Block, outer: Scope, index: str, me: Affine,
+                 group: int) -> tuple[list[L.Stmt], L.Buffer]:
+    """What work-item `me` of `group` runs for a reduction along `index` shared by the
+    group (see lower_across), and the shared buffer of the partial results it uses."""
     (store,) = [st for st in blk.stmts if isinstance(st, Store)]
     out_ref = blk.ref(store.ref)
-    agg, group = out_ref.agg, spec.threads
-    reduction = blk.index(spec.index)
+    agg = out_ref.agg
+    reduction = blk.index(index)
     idx = fixed_indices(blk, outer.idx)
-    t, r = low.fresh("i"), low.fresh("i")
-    at = {**idx, spec.index: Affine.index(r)}
+    r = low.fresh("i")
+    at = {**idx, index: Affine.index(r)}
     views = {ref.into: child_view(ref, outer.views[ref.from_], at)
              for ref in blk.refs if ref.from_}
     out_view = views[out_ref.into]
@@ -228,7 +241,6 @@ def lower_across(low: Lowering, blk: Block, outer: Scope) -> list[L.Stmt]:
     if conds:
         body = [L.If(tuple(conds), tuple(body))]
     part = low.fresh("l")
-    me = Affine.index(t)
     work: list[L.Stmt] = [
         L.Var(acc, vt, L.Lit(identity(agg, out_view.dtype))),
         L.Loop(r, me, Affine.constant(reduction.range), tuple(body), step=group),
@@ -245,11 +257,8 @@ def lower_across(low: Lowering, blk: Block, outer: Scope) -> list[L.Stmt]:
     work.append(L.If((me.scale(-1),), (L.Let(total, vt, L.Read(part, Affine.constant(0))),
                                        L.Store(out_view.ptr, out_view.offset, total, agg))))
     buffer = L.Buffer(part, out_view.dtype, group, "stack", "shared",
-                      label=f"partial results of {safe(spec.index)}")
-    title = L.Comment(f"block {safe(blk.name)}: reduction {safe(spec.index)} across {group} "
-                      "work-items")
-    return [title, L.Alloc((buffer,), (L.Loop(t, Affine.constant(0), Affine.constant(group),
-                                              tuple(work), "thread"),))]
+                      label=f"partial results of {safe(index)}")
+    return work, buffer
 
 
 def _loops(indices: list, var: dict[str, str], body: list[L.Stmt]) -> list[L.Stmt]:

@@ -14,7 +14,8 @@
   lowers the block to vector code (`polytile.loops.vector`; `transpose`:
   `polytile.loops.transpose`); `stage` lowers a GPU thread tile with its reduction staged
   through local memory, `across` a reduction shared by a work-group
-  (`polytile.loops.gpu_tile`); `stitch` makes a block's phases one parallel region
+  (`polytile.loops.gpu_tile`); `rows` a fused row block a row per work-group
+  (`polytile.loops.gpu_rows`); `stitch` makes a block's phases one parallel region
   (`polytile.loops.region`).
 * Local buffers: up to `stack_bytes` on the stack; a larger top-level one from a kept
   pool, a larger nested one from the heap per iteration (private to it). A float local
@@ -208,6 +209,9 @@ class Lowering:
         if blk.schedule.across is not None:
             from polytile.loops import gpu_tile
             return gpu_tile.lower_across(self, blk, outer)
+        if blk.schedule.rows is not None:
+            from polytile.loops import gpu_rows
+            return gpu_rows.lower_block(self, blk, outer)
         if blk.schedule.micro and not root:
             from polytile.loops import transpose, vector
             lowered = (transpose.lower_block(self, blk, outer) if blk.schedule.transpose

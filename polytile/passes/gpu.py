@@ -39,6 +39,11 @@ with `reduce` (64) work-items sharing the reduction (`BlockSchedule.across`): ea
 combines every 64th term in a register, then the group combines the partial results in
 a tree in local memory (row maxima and sums of softmax and layernorm, a dot product into
 a scalar).
+
+Row groups (FusionStitching's block composition): a fused row block of pass `fuse`
+(softmax, layernorm) runs one row per work-group, `rows` (64) work-items sharing each of
+its members, the row's intermediates in local memory (`BlockSchedule.rows`; decided by
+polytile.passes.gpu_rows); where it cannot, a row per work-item as above.
 """
 from __future__ import annotations
 
@@ -50,6 +55,7 @@ from typing import Any
 from polytile.errors import ArgumentError
 from polytile.ir import nodes as N
 from polytile.ir import polyhedra
+from polytile.passes.gpu_rows import row_group
 from polytile.passes.pipeline import count, register
 from polytile.passes.tile import substitute_local, tile
 from polytile.targets.target import Target
@@ -63,6 +69,7 @@ DEFAULT_SHARED_BYTES = 16384   # local memory a work-group's staged tiles may ta
 DEFAULT_UNROLL = 2       # points per work-item along each mapped index of a staged block
 MAX_UNROLL = 8
 DEFAULT_REDUCE = 64      # work-items sharing a reduction across a group (0: never)
+DEFAULT_ROWS = 64        # work-items sharing a fused row (0: a row per work-item)
 MIN_ACROSS = 16          # shorter reductions stay serial in a work-item
 # Elements added to each row of a staged box: rows of 16 floats read down a column by
 # neighbouring work-items would fall in the same of 32 banks every other row; 17 apart,
@@ -297,10 +304,15 @@ def gpu(fn: N.Function, target: Target, params: dict[str, Any]) -> N.Function:
     unroll = params.get("unroll", DEFAULT_UNROLL)
     reduce_threads = params.get("reduce", DEFAULT_REDUCE)
     pad = params.get("pad", DEFAULT_PAD)
+    rows = params.get("rows", DEFAULT_ROWS)
     sizes = {r.into: r.shape.sizes for r in fn.body.refs}
-    stmts = tuple(map_block(s, threads, dims, sizes, tile_k, shared_bytes, unroll,
-                            reduce_threads, pad)
-                  if isinstance(s, N.Block) and s.schedule.mma is None else s
+
+    def mapped(block: N.Block) -> N.Block:
+        grouped = row_group(block, rows, shared_bytes) if rows else None
+        return grouped or map_block(block, threads, dims, sizes, tile_k, shared_bytes,
+                                    unroll, reduce_threads, pad)
+
+    stmts = tuple(mapped(s) if isinstance(s, N.Block) and s.schedule.mma is None else s
                   for s in fn.body.stmts)       # pass tensor_cores mapped the others
     return replace(fn, body=replace(fn.body, stmts=stmts))
 
@@ -317,4 +329,5 @@ def _between(lo: int, hi: int) -> Callable[[Any], str | None]:
 
 register("gpu", gpu, threads=_between(1, MAX_THREADS), dims=_between(1, MAX_DIMS),
          tile_k=_between(0, MAX_TILE_K), shared_bytes=count, unroll=_between(1, MAX_UNROLL),
-         reduce=_between(0, MAX_THREADS), pad=_between(0, MAX_PAD))
+         reduce=_between(0, MAX_THREADS), pad=_between(0, MAX_PAD),
+         rows=_between(0, MAX_THREADS))

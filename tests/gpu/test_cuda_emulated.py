@@ -87,6 +87,22 @@ def test_softmax_reduces_across_blocks_of_threads(emulated: Config) -> None:
                                rtol=1e-5, atol=1e-6)
 
 
+def test_a_fused_softmax_runs_a_row_per_block(emulated: Config) -> None:
+    """The row group (tests/gpu/test_row_groups.py): one launch, a block of 64 threads
+    per row of 1029, the row's intermediates in shared memory, a NaN in one row."""
+    X = np.random.default_rng(0).standard_normal((5, 1029)).astype(np.float32)
+    X[3, 41] = np.nan
+    module = pt.define(SOFTMAX, target="cuda-sm90", config=emulated)
+    assert module.compiler is not None
+    module.compiler.options = {"fuse.strategy": "rows"}
+    e = np.exp(X - X.max(axis=1, keepdims=True))
+    np.testing.assert_allclose(module.softmax(relayout(X, "strided")),
+                               e / e.sum(axis=1, keepdims=True), rtol=1e-5, atol=1e-6)
+    driver = runtime.cuda_device().driver
+    assert [(name, grid, block) for name, grid, block in driver.launched] == [
+        ("pt_k0", (5, 1, 1), (64, 1, 1))]
+
+
 def test_an_out_of_range_subscript_is_reported(emulated: Config) -> None:
     src = "def g(float(N) X, int32(M) I) -> (Y) {\n  Y(i) = X(I(i))\n}\n"
     g = pt.define(src, target="cuda-sm90", config=emulated).g

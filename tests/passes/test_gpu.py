@@ -47,10 +47,11 @@ def test_gpu(program: str) -> None:
     check_pass(f"gpu_{program}", before, after, int_high={"I": 11})
 
 
-def test_a_fused_kernel_maps_its_rows_and_keeps_its_temporaries_private() -> None:
+def test_without_row_groups_a_fused_kernel_maps_its_rows_and_keeps_its_temporaries_private(
+        ) -> None:
     source, shapes = PROGRAMS["softmax"]
     before = fuse(lowered(source, shapes), target("opencl"), {"strategy": "rows"})
-    after = gpu(before, target("opencl"), {"threads": 4})
+    after = gpu(before, target("opencl"), {"threads": 4, "rows": 0})
     check_pass("gpu_softmax_fused", before, after)
     grid = block(after, "fused_0")
     assert grid.schedule.gpu == (("r_g", "grid"),) and grid.index("r_g").range == 4

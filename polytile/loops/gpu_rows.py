@@ -1,0 +1,113 @@
+"""Lowering of a row group (`BlockSchedule.rows`, decided by pass `gpu`,
+polytile.passes.gpu_rows): a fused row block whose row runs on one work-group.
+
+    grid r:                                         (a work-group per row)
+      __local the row's intermediates, a partial-results array per reduction
+      thread t in 0..T:                             (every work-item of the group)
+        [fill the intermediates that must start as NaN or 0; barrier]
+        single:  if t == 0: member
+        spread:  for m = t; m < M; m += T: member at m
+        across:  acc = identity; for m = t; m < M; m += T: acc (+)= term(m)
+                 part[t] = acc; barrier; tree (T/2, ..., 1), barrier after each step;
+                 if t == 0: out (+)= part[0]
+        barrier                                     (where the phase says so)
+
+Every barrier is at the top level of the thread loop or in the tree's unrolled steps,
+so every work-item of a group reaches every barrier; only the work done between them
+depends on the work-item.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from polytile.errors import IRError
+from polytile.ir.nodes import Affine, Block
+from polytile.loops import nodes as L
+from polytile.loops.gpu_tile import across_steps
+from polytile.loops.space import iteration_space
+from polytile.loops.views import Scope, child_view, fixed_indices, resolve, safe
+
+if TYPE_CHECKING:
+    from polytile.loops.lower import Lowering
+
+SHARED = "shared"
+
+
+def lower_block(low: Lowering, blk: Block, outer: Scope) -> list[L.Stmt]:
+    spec = blk.schedule.rows
+    assert spec is not None
+    title = L.Comment(f"block {safe(blk.name)}: a row per work-group of {spec.threads} "
+                      "work-items")
+    space = iteration_space(blk, outer.idx, lambda: low.fresh("i"))
+    if isinstance(space, str):
+        return [title, L.Comment(f"empty: {space}")]
+    if len(space.loops) != 1:
+        raise IRError(f"row group {blk.name!r} needs one loop over its rows, not "
+                      f"{len(space.loops)}")
+    views, private = low.views(blk, outer, space.idx, False)
+    if any(r.location != SHARED for r in private):
+        raise IRError(f"row group {blk.name!r} has an intermediate outside local memory")
+    made = low.locals(private, views, owner=blk)
+    # Local memory has no initializer: where the lowering wants a buffer to start as NaN
+    # (a float read before it is written shows) or 0, the group fills it first.
+    buffers = [L.Buffer(b.name, b.dtype, b.size, b.placement, SHARED, "", label=b.label)
+               for b in made]
+    scope = Scope(space.idx, views, dict(outer.scalars), True)
+    t = low.fresh("i")
+    me = Affine.index(t)
+    work: list[L.Stmt] = []
+    for b in made:
+        if b.init:
+            e, v = low.fresh("i"), low.fresh("s")
+            value = L.Lit(float("nan") if b.init == "nan" else 0)
+            work.append(L.Loop(e, me, Affine.constant(b.size),
+                               (L.Let(v, L.VType(b.dtype), value),
+                                L.Store(b.name, Affine.index(e), v)), step=spec.threads))
+    if any(b.init for b in made):
+        work.append(L.Barrier("shared"))
+    parts: list[L.Buffer] = []
+    members = [st for st in blk.stmts if isinstance(st, Block)]
+    if len(members) != len(blk.stmts) or len(members) != len(spec.phases):
+        raise IRError(f"row group {blk.name!r} has {len(blk.stmts)} statements for "
+                      f"{len(spec.phases)} phases")
+    for member, phase in zip(members, spec.phases):
+        work.append(L.Comment(f"block {safe(member.name)}: {phase.kind}"))
+        if phase.kind == "across":
+            (loop,) = [i for i in member.idxs if i.affine is None and i.range > 1]
+            steps, part = across_steps(low, member, scope, loop.name, me, spec.threads)
+            work += steps
+            parts.append(part)
+        else:
+            work += _member(low, member, scope, phase.kind, me, spec.threads)
+        if phase.barrier:
+            work.append(L.Barrier("shared"))
+    var = space.loops[0]
+    lo, hi = space.bounds.range_of(var)
+    group = L.Loop(t, Affine.constant(0), Affine.constant(spec.threads), tuple(work), "thread")
+    stmts: list[L.Stmt] = [L.Loop(var, lo, hi, (L.Alloc((*buffers, *parts), (group,)),),
+                                  "grid")]
+    if space.guards:
+        stmts = [L.If(tuple(space.guards), tuple(stmts))]
+    return [title, *stmts]
+
+
+def _member(low: Lowering, member: Block, outer: Scope, kind: str, me: Affine,
+            threads: int) -> list[L.Stmt]:
+    """A `single` member on work-item 0, or a `spread` one over its loop, every
+    `threads`-th iteration from work-item `me`'s."""
+    at = fixed_indices(member, outer.idx)
+    loops = [i for i in member.idxs if i.affine is None and i.range > 1]
+    var = low.fresh("i") if loops else ""
+    if loops:
+        at[loops[0].name] = Affine.index(var)
+    views = {ref.into: child_view(ref, outer.views[ref.from_], at) for ref in member.refs}
+    scope = Scope(at, views, dict(outer.scalars), True)
+    body: list[L.Stmt] = []
+    for st in member.stmts:
+        body += low.stmt(st, scope)
+    conds = [resolve(c, at, "a constraint") for c in member.constraints]
+    if conds:
+        body = [L.If(tuple(conds), tuple(body))]
+    if kind == "single":
+        return [L.If((me.scale(-1),), tuple(body))]
+    return [L.Loop(var, me, Affine.constant(loops[0].range), tuple(body), step=threads)]

@@ -1,0 +1,80 @@
+"""Pass `gpu`'s row groups: FusionStitching's block composition (§5) for the fused row
+blocks of pass `fuse` (strategy `rows`: softmax, layernorm, a bias -> GELU -> residual ->
+layernorm chain). One work-group runs one row; its work-items run each member in turn,
+the elementwise ones with the row's elements dealt out (`spread`), the row reductions as
+a tree in local memory (`across`), the reductions' initializations on one work-item
+(`single`), with barriers between members where one reads what another wrote
+(polytile.ir.rows). The row's intermediates live in the group's local memory:
+
+    block fused_0 [r:13] #fused (               block fused_0 [r:13] #fused
+      none e[0, 0] float32(1:70, 70:1) @local     schedule(grid(r), rows(r, 64, single barrier,
+      ...                                ->                across barrier, spread barrier, ...)) (
+    )                                             none e[0, 0] float32(1:70, 70:1) @shared
+
+Local memory, not registers: a work-item does keep the elements it writes in a spread
+member (t, t + T, ...), but a later member may read any element of an intermediate (a
+shifted or reversed access), every work-item needs the row's reduced values (a
+broadcast through memory on any GPU), and a private array indexed by a loop variable is
+kept in registers only when the compiler unrolls the loop completely, which rows of a
+thousand elements defeat. Local memory costs a barrier per hand-off, which the
+reductions' trees pay anyway.
+
+Not a row group (and mapped a row per work-item by `gpu.map_block`, as before) when a
+member has no phase kind, a buffer in global memory passes between members (a group
+barrier orders only local memory on OpenCL), or the intermediates and the trees' partial
+results exceed `shared_bytes`.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+from polytile.ir import nodes as N
+from polytile.ir.rows import global_handoffs, member_loops, phase_kind, required_barriers
+
+SHARED = "shared"       # the refinement location of the group's local memory
+
+
+def group_size(members: list[N.Block], threads: int) -> int:
+    """Work-items of the group: the largest power of two up to `threads` and the
+    longest member loop (a row of 37 gets 32; 1000 gets `threads`)."""
+    longest = max((i.range for m in members for i in member_loops(m)), default=1)
+    size = 1
+    while size * 2 <= min(threads, longest):
+        size *= 2
+    return size
+
+
+def shared_bytes_of(block: N.Block, kinds: list[str], threads: int) -> int:
+    """Local memory the row group takes: its intermediates, and the partial results of
+    each reduction's tree (one element per work-item)."""
+    total = sum(math.prod(r.shape.sizes) * r.shape.dtype.numpy.itemsize
+                for r in block.refs if not r.from_)
+    for member, kind in zip(block.stmts, kinds):
+        if kind == "across":
+            assert isinstance(member, N.Block)
+            (store,) = [st for st in member.stmts if isinstance(st, N.Store)]
+            total += threads * member.ref(store.ref).shape.dtype.numpy.itemsize
+    return total
+
+
+def row_group(block: N.Block, threads: int, shared_bytes: int) -> N.Block | None:
+    """`block` (a fused row block) as a row group, or None where it cannot be one."""
+    loops = [i for i in block.idxs if i.affine is None]
+    if "fused" not in block.tags or len(loops) != 1 or block.constraints \
+            or block.schedule != N.BlockSchedule() or threads < 2:
+        return None
+    members = [st for st in block.stmts if isinstance(st, N.Block)]
+    kinds = [phase_kind(st) for st in block.stmts]
+    if not members or len(members) != len(block.stmts) or None in kinds \
+            or global_handoffs(block):
+        return None
+    size = group_size(members, threads)
+    decided = [k for k in kinds if k is not None]
+    if size < 2 or shared_bytes_of(block, decided, size) > shared_bytes:
+        return None
+    phases = tuple(N.RowPhase(k, b) for k, b in zip(decided, required_barriers(members)))
+    refs = tuple(r if r.from_ else replace(r, location=SHARED) for r in block.refs)
+    row = loops[0].name
+    return replace(block, refs=refs, schedule=N.BlockSchedule(
+        gpu=((row, "grid"),), rows=N.RowGroup(row, size, phases)))
