@@ -322,6 +322,8 @@ class _Printer:
             return self.instruction(st)
         if isinstance(st, L.Prefetch):
             return [f"__builtin_prefetch(&{self.element(st.buffer, st.offset)});"]
+        if isinstance(st, L.Fence):
+            return ["pt_sfence();"]
         if isinstance(st, L.Region):
             return self.region(st, fail)
         if isinstance(st, L.Single) or (isinstance(st, L.Barrier) and st.space == "global"):
@@ -481,9 +483,11 @@ class _Printer:
                 lines += [*_omp("omp single nowait"), "{", *_indent(body), "}"]
             elif isinstance(s, L.Barrier) and s.space == "global":
                 lines += _omp("omp barrier")
+            elif isinstance(s, L.Fence):
+                lines.append("pt_sfence();")
             else:
                 raise IRError(f"a parallel region holds a {type(s).__name__} (only workshare "
-                              "loops, singles, global barriers and comments)")
+                              "loops, singles, fences, global barriers and comments)")
         post = ["if (pt_status != 0) {", *_indent(fail.jump()), "}"] if failed else []
         return [*_omp("omp parallel"), "{", *_indent(lines), "}", *post]
 
@@ -545,6 +549,12 @@ class _Printer:
         element = self.element(st.buffer, st.offset)
         if t.dtype != self.buffers[st.buffer].dtype:
             raise IRError(f"store of {t} {st.value} to a {self.buffers[st.buffer].dtype} buffer")
+        if st.stream and (t.lanes == 1 or self.typed(t) or st.agg != "assign"
+                          or st.count is not None):
+            raise UnsupportedError(f"the C backend streams whole float32 vectors it assigns, "
+                                   f"not a store of {t} {st.value} (agg {st.agg})")
+        if st.stream:
+            return [f"pt_vstream(&{element}, {st.value});"]
         if self.typed(t):
             if st.agg != "assign":
                 raise UnsupportedError(f"the C backend stores {t} vectors without aggregation")

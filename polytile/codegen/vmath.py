@@ -41,6 +41,7 @@ def vector_math(lanes: int) -> str:
                         "  if (n & 2) {\n    _mm_storel_pi((__m64 *)p, h);\n    p += 2;\n"
                         "    h = _mm_movehl_ps(h, h);\n  }\n"
                         "  if (n & 1) _mm_store_ss(p, h);\n  return;\n#endif")
+    stream = _stream_store(lanes)
     fold = " ".join(_halve("v", lanes, width, "v = v op h;") for width in _halvings(lanes))
     fold_max = " ".join(_halve("v", lanes, w, "v = pt_vmax_nan(v, h);") for w in _halvings(lanes))
     fold_min = " ".join(_halve("v", lanes, w, "v = pt_vmin_nan(v, h);") for w in _halvings(lanes))
@@ -91,6 +92,21 @@ static inline pt_vf pt_vload(const float *p) {{ return *(const pt_vf_u *)p; }}
 #define PT_HOLD(v) ((void)0)
 #endif
 static inline void pt_vstore(float *p, pt_vf v) {{ *(pt_vf_u *)p = v; }}
+/* A store past the caches (non-temporal: no read of the line first) where the address
+   is aligned for one, else a plain store; a view's rows may start anywhere. NumPy's
+   arrays start 16 bytes into a line, so 16-byte pieces are streamed too. */
+static inline void pt_vstream(float *p, pt_vf v) {{
+{stream}
+  *(pt_vf_u *)p = v;
+}}
+/* Streaming stores before it are done before any store after it (visible to others). */
+static inline void pt_sfence(void) {{
+#if defined(__AVX__) || defined(__AVX512F__)
+  _mm_sfence();
+#else
+  __atomic_thread_fence(__ATOMIC_SEQ_CST);
+#endif
+}}
 /* Horizontal reductions by halving: log2(lanes) shuffles instead of a serial chain. */
 #define PT_FOLD(v, op) do {{ {fold} }} while (0)
 static inline float pt_vhsum(pt_vf v) {{
@@ -200,6 +216,27 @@ static inline pt_vf pt_verf(pt_vf x) {{
 }}
 static inline pt_vf pt_vsigmoid(pt_vf x) {{ return 1.0f / (1.0f + pt_vexp(-x)); }}
 """
+
+
+def _stream_store(lanes: int) -> str:
+    """The body of pt_vstream before its plain-store fallback: streaming stores of the
+    whole vector, or of its 16-byte quarters, by the address's alignment."""
+    if lanes == 16:
+        quarters = "\n".join(f"    _mm_stream_ps(p + {4 * q}, _mm512_extractf32x4_ps((__m512)v, {q}));"
+                              for q in range(4))
+        return ("#if defined(__AVX512F__)\n"
+                "  if (((uintptr_t)p & 63) == 0) {\n    _mm512_stream_ps(p, (__m512)v);\n"
+                "    return;\n  }\n"
+                f"  if (((uintptr_t)p & 15) == 0) {{\n{quarters}\n    return;\n  }}\n#endif")
+    if lanes == 8:
+        return ("#if defined(__AVX__)\n"
+                "  if (((uintptr_t)p & 31) == 0) {\n    _mm256_stream_ps(p, (__m256)v);\n"
+                "    return;\n  }\n"
+                "  if (((uintptr_t)p & 15) == 0) {\n"
+                "    _mm_stream_ps(p, _mm256_castps256_ps128((__m256)v));\n"
+                "    _mm_stream_ps(p + 4, _mm256_extractf128_ps((__m256)v, 1));\n"
+                "    return;\n  }\n#endif")
+    return ""
 
 
 def _halvings(lanes: int) -> list[int]:

@@ -329,7 +329,11 @@ class BlockSchedule:
     * stitch: the block's statements are the phases of one parallel region (`Stitched`,
       set by pass autotile on the blocks pass fuse stitches);
     * mma: the block runs on a warp-level matrix instruction, a tile per warp (pass
-      `tensor_cores`; `WarpTiled`).
+      `tensor_cores`; `WarpTiled`);
+    * stream: views of a vector micro-kernel's output whose full-vector stores bypass the
+      caches (non-temporal stores; pass `stream`): the buffer is written once, along the
+      vector index, and is larger than the last-level cache, so nothing would read it
+      from there. Where the address allows no such store (alignment), a plain one.
     """
 
     micro: bool = False
@@ -348,6 +352,7 @@ class BlockSchedule:
     across: Across | None = None
     stitch: Stitched | None = None
     mma: WarpTiled | None = None
+    stream: tuple[str, ...] = ()
 
 
 # The element types whose buffers threads may accumulate privately (BlockSchedule.combine):
