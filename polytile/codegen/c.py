@@ -180,6 +180,7 @@ class _Printer:
         self.pools: list[tuple[str, str]] = []   # (pool, comment) per kept top-level local
         self.typedefs: dict[str, str] = {}       # vector types other than pt_vf
         self.intrinsics = False                  # an instruction's form may use them
+        self.streams = False                     # streaming stores or fences printed
 
     def label(self, prefix: str) -> str:
         number = self.counters[prefix]
@@ -212,7 +213,10 @@ class _Printer:
                 f" * int32_t {symbol}(void **args, int64_t *err): args[p] is the data of\n"
                 f" * parameter p; returns 0, or an error code with err[0..3] = (code, param,\n"
                 f" * dimension, value). */\n")
-        vector_prelude = vector_math(self.vector.lanes) if self.vector else ""
+        if self.streams and self.vector is None:
+            raise IRError("a fence or streaming store in a kernel without float32 vectors")
+        vector_prelude = (vector_math(self.vector.lanes, self.streams) if self.vector
+                          else "")
         if self.typedefs or self.intrinsics:
             vector_prelude += "\n".join([f"#include <{INTRINSICS[self.forms]}>",
                                           *self.typedefs.values()]) + "\n"
@@ -323,6 +327,7 @@ class _Printer:
         if isinstance(st, L.Prefetch):
             return [f"__builtin_prefetch(&{self.element(st.buffer, st.offset)});"]
         if isinstance(st, L.Fence):
+            self.streams = True
             return ["pt_sfence();"]
         if isinstance(st, L.Region):
             return self.region(st, fail)
@@ -484,7 +489,7 @@ class _Printer:
             elif isinstance(s, L.Barrier) and s.space == "global":
                 lines += _omp("omp barrier")
             elif isinstance(s, L.Fence):
-                lines.append("pt_sfence();")
+                lines += self.stmt(s, fail)
             else:
                 raise IRError(f"a parallel region holds a {type(s).__name__} (only workshare "
                               "loops, singles, fences, global barriers and comments)")
@@ -554,6 +559,7 @@ class _Printer:
             raise UnsupportedError(f"the C backend streams whole float32 vectors it assigns, "
                                    f"not a store of {t} {st.value} (agg {st.agg})")
         if st.stream:
+            self.streams = True
             return [f"pt_vstream(&{element}, {st.value});"]
         if self.typed(t):
             if st.agg != "assign":
