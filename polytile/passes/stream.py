@@ -102,13 +102,21 @@ def _collect(block: N.Block, names: set[str], path: tuple[int, ...], uses: list[
             uses.extend(_Use(path + (k,), r, st) for r in views)
             if views and not _collect(st, {r.into for r in views}, path + (k,), uses):
                 return False
-        elif isinstance(st, N.Load) and st.ref in names:
-            return False
-        elif isinstance(st, N.Special) and names.intersection(st.inputs + st.outputs):
-            return False
-        elif isinstance(st, N.Store) and st.ref in names and (nested or any(st.dynamic)):
+        elif _reaches(st, names, nested):
             return False
     return True
+
+
+def _reaches(st: N.Statement, names: set[str], nested: bool) -> bool:
+    """Whether a statement that is not a block reaches the buffer otherwise than as a
+    leaf's own plain store."""
+    if isinstance(st, N.Load):
+        return st.ref in names
+    if isinstance(st, N.Special):
+        return bool(names.intersection(st.inputs + st.outputs))
+    if isinstance(st, N.Store):
+        return st.ref in names and (nested or any(d is not None for d in st.dynamic))
+    return False
 
 
 def _marked(block: N.Block, path: tuple[int, ...],
