@@ -10,6 +10,9 @@ hits both alike, which separate `polytile bench` runs on a shared host do not. P
 median and minimum per side and whether the outputs agree. A side given as a `.c` file
 (the output of `polytile show --stage c`, edited by hand) is used as it is. Float32 outputs; integer
 inputs (gather indices) are drawn in [0, --int-high); the first function of the file.
+`--out-offset B` places the outputs B bytes past a 64-byte boundary (0: as polytile's
+output pool does; NumPy's own large arrays lie 16 bytes past one), which decides where
+streaming stores apply.
 """
 from __future__ import annotations
 
@@ -58,6 +61,9 @@ def main() -> int:
     parser.add_argument("--target")
     parser.add_argument("--rounds", type=int, default=40)
     parser.add_argument("--int-high", type=int, default=1)
+    parser.add_argument("--out-offset", type=int, default=None,
+                        help="outputs start this many bytes past a 64-byte boundary "
+                        "(default: wherever np.zeros puts them)")
     parser.add_argument("--cpu-time", action="store_true",
                         help="time with the process's CPU clock, not the wall clock: on a "
                         "loaded host, time spent preempted is not counted (run with "
@@ -91,7 +97,7 @@ def main() -> int:
             build_shared_object(source.replace("int32_t polytile_kernel(",
                                                f"int32_t {SYMBOL}("), flags, toolchain, so)
             kernels[side] = getattr(ctypes.CDLL(str(so)), SYMBOL)
-            outputs[side] = [np.zeros(s, np.float32) for s in shapes[len(fn.params):]]
+            outputs[side] = [_zeros(s, args.out_offset) for s in shapes[len(fn.params):]]
         err = (ctypes.c_int64 * 4)()
         times: dict[str, list[float]] = {side: [] for side in kernels}
         for _ in range(args.rounds):
@@ -110,6 +116,16 @@ def main() -> int:
                for a, b in zip(outputs["before"], outputs["after"]))
     print(f"outputs agree: {same}")
     return 0 if same else 1
+
+
+def _zeros(shape: tuple[int, ...], offset: int | None) -> np.ndarray:
+    """float32 zeros, starting `offset` bytes past a 64-byte boundary when given."""
+    if offset is None:
+        return np.zeros(shape, np.float32)
+    nbytes = int(np.prod(shape)) * 4
+    raw = np.zeros(nbytes + 128, np.uint8)
+    start = (offset - raw.ctypes.data) % 64
+    return raw[start:start + nbytes].view(np.float32).reshape(shape)
 
 
 if __name__ == "__main__":

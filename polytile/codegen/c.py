@@ -181,6 +181,7 @@ class _Printer:
         self.pools: list[tuple[str, str]] = []   # (pool, comment) per kept top-level local
         self.typedefs: dict[str, str] = {}       # vector types other than pt_vf
         self.intrinsics = False                  # an instruction's form may use them
+        self.streams = False                     # streaming stores or fences printed
 
     def label(self, prefix: str) -> str:
         number = self.counters[prefix]
@@ -213,7 +214,10 @@ class _Printer:
                 f" * int32_t {symbol}(void **args, int64_t *err): args[p] is the data of\n"
                 f" * parameter p; returns 0, or an error code with err[0..3] = (code, param,\n"
                 f" * dimension, value). */\n")
-        vector_prelude = vector_math(self.vector.lanes) if self.vector else ""
+        if self.streams and self.vector is None:
+            raise IRError("a fence or streaming store in a kernel without float32 vectors")
+        vector_prelude = (vector_math(self.vector.lanes, self.streams) if self.vector
+                          else "")
         if self.typedefs or self.intrinsics:
             vector_prelude += "\n".join([f"#include <{INTRINSICS[self.forms]}>",
                                           *self.typedefs.values()]) + "\n"
@@ -325,6 +329,9 @@ class _Printer:
             return self.instruction(st)
         if isinstance(st, L.Prefetch):
             return [f"__builtin_prefetch(&{self.element(st.buffer, st.offset)});"]
+        if isinstance(st, L.Fence):
+            self.streams = True
+            return ["pt_sfence();"]
         if isinstance(st, L.Region):
             return self.region(st, fail)
         if isinstance(st, L.Single) or (isinstance(st, L.Barrier) and st.space == "global"):
@@ -484,9 +491,11 @@ class _Printer:
                 lines += [*_omp("omp single nowait"), "{", *_indent(body), "}"]
             elif isinstance(s, L.Barrier) and s.space == "global":
                 lines += _omp("omp barrier")
+            elif isinstance(s, L.Fence):
+                lines += self.stmt(s, fail)
             else:
                 raise IRError(f"a parallel region holds a {type(s).__name__} (only workshare "
-                              "loops, singles, global barriers and comments)")
+                              "loops, singles, fences, global barriers and comments)")
         post = ["if (pt_status != 0) {", *_indent(fail.jump()), "}"] if failed else []
         return [*_omp("omp parallel"), "{", *_indent(lines), "}", *post]
 
@@ -570,6 +579,13 @@ class _Printer:
         element = self.element(st.buffer, st.offset)
         if t.dtype != self.buffers[st.buffer].dtype:
             raise IRError(f"store of {t} {st.value} to a {self.buffers[st.buffer].dtype} buffer")
+        if st.stream and (t.lanes == 1 or self.typed(t) or st.agg != "assign"
+                          or st.count is not None):
+            raise UnsupportedError(f"the C backend streams whole float32 vectors it assigns, "
+                                   f"not a store of {t} {st.value} (agg {st.agg})")
+        if st.stream:
+            self.streams = True
+            return [f"pt_vstream(&{element}, {st.value});"]
         if self.typed(t):
             if st.agg != "assign":
                 raise UnsupportedError(f"the C backend stores {t} vectors without aggregation")

@@ -366,6 +366,10 @@ class BlockSchedule:
       `tensor_cores`; `WarpTiled`);
     * rows: a fused row block runs a row per work-group, its members as phases across
       the group's work-items (pass `gpu`; `RowGroup`).
+    * stream: views of a vector micro-kernel's output whose full-vector stores bypass the
+      caches (non-temporal stores; pass `stream`): the buffer is written once, along the
+      vector index, and is larger than the last-level cache, so nothing would read it
+      from there. Where the address allows no such store (alignment), a plain one.
     """
 
     micro: bool = False
@@ -385,6 +389,7 @@ class BlockSchedule:
     stitch: Stitched | None = None
     mma: WarpTiled | None = None
     rows: RowGroup | None = None
+    stream: tuple[str, ...] = ()
 
 
 # The element types whose buffers threads may accumulate privately (BlockSchedule.combine):

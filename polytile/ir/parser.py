@@ -218,13 +218,14 @@ class _Parser(TokenCursor[_Token]):
             return
         if word not in ("parallel", "combine", "vector", "unroll", "order", "transpose",
                         "boundary",
-                        "prefetch", "tensorize", "stage", "across", "stitch", "mma", "rows",
+                        "prefetch", "stream", "tensorize", "stage", "across", "stitch", "mma",
+                        "rows",
                         *GPU_KINDS):
             raise IRError(f"unknown schedule item {word!r}", item.loc,
                           "items: micro, vector(i, dtype, lanes), boundary(remainders|guarded), "
                           "unroll(i, ...), order(i, ...), transpose(width), parallel(i), "
                           "combine(buffer, ...), simd, "
-                          "grid(i), thread(i), prefetch(distance), tensorize(instruction, i, k), "
+                          "grid(i), thread(i), prefetch(distance), stream(view, ...), tensorize(instruction, i, k), "
                           "stage(k, tile, A, ..., pad = n), across(k, threads), "
                           "stitch(for barrier, single, ...), mma(instruction, i, j, k, warps, warps, tiles, tiles), "
                           "rows(r, threads, single barrier, across, spread, ...)")
@@ -234,6 +235,9 @@ class _Parser(TokenCursor[_Token]):
             return
         if word == "combine":
             fields[word] = self.listed(")", lambda: self.name("a buffer"))
+            return
+        if word == "stream":
+            fields[word] = self.listed(")", lambda: self.name("a view"))
             return
         if word == "stitch":
             fields[word] = Stitched(self.listed(")", self.phase))

@@ -153,6 +153,7 @@ def format_schedule(s: BlockSchedule) -> str:
     items += ["simd"] if s.simd else []
     items += [f"{kind}({index})" for index, kind in s.gpu]
     items += [f"prefetch({s.prefetch})"] if s.prefetch else []
+    items += [f"stream({', '.join(s.stream)})"] if s.stream else []
     if s.tensorize is not None:
         t = s.tensorize
         kept = ", kept" if t.kept else ""

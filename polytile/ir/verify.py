@@ -57,6 +57,7 @@ from polytile.ir.nodes import (
     Across,
     Affine,
     Block,
+    BlockSchedule,
     Constant,
     Function,
     Intrinsic,
@@ -220,6 +221,24 @@ def _check_across(block: Block, across: Across, path: str) -> None:
                           "data-dependent subscript")
 
 
+def contiguous_along(ref: Refinement, index: str) -> bool:
+    """Whether consecutive values of `index` reach consecutive elements of `ref`: it
+    steps the unit-stride dimension by one and no other."""
+    steps = [(a.coeff(index), d.stride) for a, d in zip(ref.access, ref.shape.dims)
+             if a.coeff(index)]
+    return steps == [(1, 1)]
+
+
+def _check_stream(block: Block, s: BlockSchedule, path: str) -> None:
+    views = {r.into: r for r in block.refs}
+    for name in s.stream:
+        ref = views.get(name)
+        if (not s.micro or s.vector is None or ref is None or ref.dir != "out"
+                or ref.agg != "assign" or not contiguous_along(ref, s.vector.index)):
+            raise _fail(path, f"stream({name}) needs a vector micro-kernel and an output "
+                              "view it assigns to, contiguous along the vector index")
+
+
 def _check_tensorize(block: Block, t: Tensorized, path: str) -> None:
     """The instruction is described, and the inspector maps its lane and reduction loops
     onto the block's `lane` and `reduction` (the lowering lays out what it maps)."""
@@ -283,6 +302,8 @@ def _check_schedule(block: Block, path: str, target: Target | None) -> None:
             for st in block.stmts))):
         raise _fail(path, f"prefetch({s.prefetch}) needs a positive distance, a vector "
                           "micro-kernel and a data-dependent load in it")
+    if s.stream:
+        _check_stream(block, s, path)
     if s.tensorize is not None:
         _check_tensorize(block, s.tensorize, path)
     if s.mma is not None:

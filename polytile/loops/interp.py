@@ -167,7 +167,7 @@ class _Machine:
             self.instruction(st)
         elif isinstance(st, L.FragmentStore):
             self.store(L.Store(st.buffer, st.offset, st.value))
-        elif not isinstance(st, (L.Comment, L.Prefetch)):
+        elif not isinstance(st, (L.Comment, L.Prefetch, L.Fence)):
             raise UnsupportedError(f"the loop IR interpreter cannot run {type(st).__name__} "
                                    "nodes here (GPU barriers: issue 15; global barriers "
                                    "only directly in a parallel region)")
@@ -266,12 +266,12 @@ class _Machine:
         for s in st.body:
             if isinstance(s, L.Barrier) and s.space == "global":
                 segments.append([])
-            elif isinstance(s, (L.Comment, L.Single)) or (
+            elif isinstance(s, (L.Comment, L.Single, L.Fence)) or (
                     isinstance(s, L.Loop) and s.kind == "workshare"):
                 segments[-1].append(s)
             else:
                 raise IRError(f"a parallel region holds a {type(s).__name__} (only workshare "
-                              "loops, singles, global barriers and comments)")
+                              "loops, singles, fences, global barriers and comments)")
         for segment in segments:
             for thread in reversed(range(self.threads)):
                 for s in segment:

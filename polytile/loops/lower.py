@@ -50,6 +50,7 @@ from polytile.ir.nodes import (
     Store,
 )
 from polytile.loops import nodes as L
+from polytile.loops.fence import fenced
 from polytile.loops.space import IterationSpace, iteration_space
 from polytile.loops.views import (
     Scope,
@@ -73,7 +74,7 @@ class LowerOptions:
 
 def lower(fn: Function, options: LowerOptions | None = None) -> L.Kernel:
     """The loop IR of `fn`."""
-    return Lowering(fn, options or LowerOptions()).kernel()
+    return fenced(Lowering(fn, options or LowerOptions()).kernel())
 
 
 def read_scalars(block: Block) -> set[str]:

@@ -34,12 +34,19 @@ Semantics (the interpreter, polytile.loops.interp, is the reference):
   element (the interpreter runs `body` every time: skipping it changes no value).
 * `Prefetch(buffer, offset)`: a hint that the element (inside the buffer) will be read
   soon; no effect on any value (the interpreter skips it).
+* `Store(..., stream=True)`: the same store, written past the caches where the machine
+  can (non-temporal; `BlockSchedule.stream`). Such stores may reach memory out of order
+  with later ones until a `Fence`, after which they are ordered before every later store
+  and visible to a thread that synchronizes with this one (x86 `sfence`). The lowering
+  puts one after each thread's share of a parallel loop that streams, and at the
+  kernel's end (polytile.loops.fence).
 * `Region(body)`: one team of threads runs `body`, a stitched kernel's phases
   (FusionStitching's block composition, §5): each statement of it is a `Comment`, a
   loop of kind "workshare" (its iterations are shared out among the threads, the same
   iterations to the same thread for equal bounds; no thread waits at its end), a
-  `Single` (one thread runs its body) or a `Barrier("global")` (every thread waits until
-  all have arrived, and then sees what the others wrote before it). Nothing else: a
+  `Single` (one thread runs its body), a `Fence` (every thread fences its own streaming
+  stores) or a `Barrier("global")` (every thread waits until all have arrived, and then
+  sees what the others wrote before it). Nothing else: a
   statement every thread would run is not in the loop IR's meaning. Workshare loops and
   `Single`s appear only directly in a region, and regions do not nest.
 * `Instruction` runs a tensorized instruction (UNIT) on values. A warp-level one
@@ -225,6 +232,12 @@ class Store:
     value: str
     agg: str = "assign"
     count: IExpr | None = None
+    stream: bool = False            # bypass the caches (assign, all lanes only)
+
+
+@dataclass(frozen=True)
+class Fence:
+    """Streaming stores before it are done before any store after it (see the module)."""
 
 
 @dataclass(frozen=True)
@@ -360,7 +373,7 @@ class Instruction:
 
 
 Stmt = Union[Let, Var, Assign, Store, Loop, If, Switch, Check, Alloc, Kept, Comment, Prefetch,
-             Barrier, Instruction, Region, Single, FragmentStore]
+             Barrier, Instruction, Region, Single, FragmentStore, Fence]
 
 
 @dataclass(frozen=True)

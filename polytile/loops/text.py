@@ -92,7 +92,10 @@ def _stmts(stmts: tuple[L.Stmt, ...], depth: int) -> list[str]:
         elif isinstance(st, L.Store):
             op = "=" if st.agg == "assign" else f"{st.agg}="
             target = _access(st.buffer, st.offset, 1, st.count)
-            out.append(f"{pad}store {target} {op} {st.value}")
+            kind = "store stream" if st.stream else "store"
+            out.append(f"{pad}{kind} {target} {op} {st.value}")
+        elif isinstance(st, L.Fence):
+            out.append(f"{pad}fence")
         elif isinstance(st, L.Loop):
             kind = "" if st.kind == "serial" else f"{st.kind} "
             simd = "simd " if st.simd else ""

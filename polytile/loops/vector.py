@@ -282,13 +282,15 @@ class _Emitter:
                 value = self.vector(self.store.value, at, combo, base, n, memo, body)
                 view = child_view(self.out, self.outer.views[self.out.from_], at)
                 count = None if n == p.lanes else _count(n)
+                # Masked tails stay plain stores: a streaming store writes whole vectors.
+                streams = count is None and self.out.into in self.blk.schedule.stream
                 if not accumulate:
-                    body.append(L.Store(view.ptr, view.offset, value, p.agg, count))
+                    body.append(L.Store(view.ptr, view.offset, value, p.agg, count, streams))
                     continue
                 acc = self.low.fresh("acc")
                 pre.append(L.Var(acc, p.vtype, L.Lit(IDENTITY[p.agg])))
                 body.append(L.Assign(acc, L.Combine(p.agg, acc, value)))
-                post.append(L.Store(view.ptr, view.offset, acc, p.agg, count))
+                post.append(L.Store(view.ptr, view.offset, acc, p.agg, count, streams))
         if self.blk.schedule.prefetch and p.red_loops:
             body = self.prefetches(idx, combos) + body
         return pre + self._red_loops(idx, body) + post

@@ -321,16 +321,16 @@ def _localize(body: N.Block, temps: set[str]) -> N.Block:
             continue
         if "fused" not in block.tags:
             continue
-        dim = _row_dim(block, name)
+        dim = row_dim(block, name)
         if dim is None:
             continue
-        stmts[k] = _shrink(block, name, dim, body.ref(name))
+        stmts[k] = shrink_to_row(block, name, dim, body.ref(name))
         moved.add(name)
     refs = tuple(r for r in body.refs if r.into not in moved)
     return replace(body, refs=refs, stmts=tuple(stmts))
 
 
-def _row_dim(block: N.Block, buffer: str) -> int | None:
+def row_dim(block: N.Block, buffer: str) -> int | None:
     """The dimension every member indexes with exactly the fused row."""
     dims: set[int] = set()
     for m in block.stmts:
@@ -348,7 +348,10 @@ def _row_dim(block: N.Block, buffer: str) -> int | None:
     return dims.pop() if len(dims) == 1 else None
 
 
-def _shrink(block: N.Block, buffer: str, dim: int, top: N.Refinement) -> N.Block:
+def shrink_to_row(block: N.Block, buffer: str, dim: int, top: N.Refinement) -> N.Block:
+    """`block` (a fused row loop) with its view `buffer` of shape `top` replaced by a
+    one-row local of its own: dimension `dim`, which every member indexes with exactly
+    the row, shrinks to 1 and the members' views move onto the local."""
     dims = list(top.shape.dims)
     dims[dim] = N.Dim(1, dims[dim].stride)
     # Recompute contiguous strides for the one-row buffer.

@@ -17,6 +17,12 @@ refers to the block, since NumPy's views keep the array that owns the memory as 
 kept up to `capacity` bytes in all (beyond it, outputs come from np.empty as before)
 and never returned to the system while the process runs: that is the memory the
 process had already used for outputs of these sizes.
+
+Every pooled output starts on a 64-byte boundary (a cache line, and the alignment
+`_mm512_stream_ps` needs): NumPy aligns its data to 16 bytes only (a large array here
+lies 16 bytes past a line), so a block is allocated `ALIGN` bytes longer and the output
+starts at its first aligned byte. Streaming stores (`BlockSchedule.stream`) then cover
+whole rows of it.
 """
 from __future__ import annotations
 
@@ -29,6 +35,7 @@ from typing import Any
 import numpy as np
 
 MIN_BYTES = 1 << 20     # smaller arrays come from NumPy's own cache or the heap, not mmap
+ALIGN = 64              # bytes: where every pooled output starts
 
 
 class OutputPool:
@@ -48,19 +55,26 @@ class OutputPool:
         with self._lock:      # two threads must not both take the same free block
             blocks = self._blocks.setdefault(nbytes, [])
             for k in range(len(blocks)):
-                # References: the list's and getrefcount's argument; any view adds one.
+                # References: the list's and getrefcount's argument; any view adds one
+                # (a view's `base` is the array that owns the memory: the block).
                 if sys.getrefcount(blocks[k]) == 2:
-                    return blocks[k].view(dt).reshape(shape)
+                    return _aligned(blocks[k], nbytes).view(dt).reshape(shape)
             if self._held + nbytes > self.capacity:
                 return np.empty(shape, dt)
-            block = np.empty(nbytes, np.uint8)
+            block = np.empty(nbytes + ALIGN, np.uint8)
             blocks.append(block)
             self._held += nbytes
-            return block.view(dt).reshape(shape)
+            return _aligned(block, nbytes).view(dt).reshape(shape)
 
     @property
     def held_bytes(self) -> int:
         return self._held
+
+
+def _aligned(block: np.ndarray, nbytes: int) -> np.ndarray:
+    """The `nbytes` of `block` from its first byte at a multiple of ALIGN."""
+    start = -block.__array_interface__["data"][0] % ALIGN
+    return block[start:start + nbytes]
 
 
 _POOLS: dict[int, OutputPool] = {}

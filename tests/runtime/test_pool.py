@@ -138,3 +138,18 @@ def test_a_forked_child_gets_a_fresh_lock() -> None:
         assert done and os.waitstatus_to_exitcode(status) == 0, "the child hung on the lock"
     finally:
         pool._lock.release()
+
+
+@pytest.mark.parametrize("shape", [SHAPE, (4096, 4096), (37, 1029 * 29)])
+def test_pooled_outputs_start_on_a_cache_line(shape: tuple[int, int]) -> None:
+    # NumPy aligns large arrays to 16 bytes only; streaming stores want 32 or 64.
+    pool = OutputPool(256 * MB)
+    a = pool.empty(shape, np.float32)
+    assert address(a) % 64 == 0 and a.shape == shape and a.flags.c_contiguous
+    a[...] = 1.5
+    held = address(a)
+    b = pool.empty(shape, np.float32)            # a is alive: another block, aligned too
+    assert address(b) % 64 == 0 and address(b) != held
+    del a
+    c = pool.empty(shape, np.float32)            # a's block again, at the same place
+    assert address(c) == held
