@@ -37,16 +37,19 @@ def member_loops(member: N.Block) -> list[N.Index]:
     return [i for i in member.idxs if i.affine is None and i.range > 1]
 
 
+def plain_leaf(block: N.Block) -> bool:
+    """A block of loads, stores and arithmetic only, without data-dependent subscripts
+    (a failed check would end a work-item between barriers)."""
+    return all(isinstance(st, (N.Load, N.Store, N.Intrinsic, N.Constant, N.LoadIndex))
+               for st in block.stmts) and not any(
+        isinstance(st, N.Load) and (st.offset is not None or any(st.dynamic))
+        for st in block.stmts)
+
+
 def phase_kind(member: N.Statement) -> str | None:
     """`single`, `spread` or `across` for a member of a row block, or None where the
     member cannot be a phase of a work-group (see the module docstring)."""
-    if not isinstance(member, N.Block):
-        return None
-    if not all(isinstance(st, (N.Load, N.Store, N.Intrinsic, N.Constant, N.LoadIndex))
-               for st in member.stmts):
-        return None
-    if any(isinstance(st, N.Load) and (st.offset is not None or any(st.dynamic))
-           for st in member.stmts):
+    if not isinstance(member, N.Block) or not plain_leaf(member):
         return None
     if any(not r.from_ for r in member.refs) or member.schedule != N.BlockSchedule():
         return None

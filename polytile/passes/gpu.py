@@ -55,6 +55,7 @@ from typing import Any
 from polytile.errors import ArgumentError
 from polytile.ir import nodes as N
 from polytile.ir import polyhedra
+from polytile.ir.rows import plain_leaf
 from polytile.passes.gpu_rows import row_group
 from polytile.passes.pipeline import count, register
 from polytile.passes.tile import substitute_local, tile
@@ -124,11 +125,7 @@ def stageable(block: N.Block, aggs: tuple[str, ...] = ("add",)) -> bool:
     whose one store aggregates into its output with one of `aggs`, without
     data-dependent subscripts (a failed check ends its work-item, which must not happen
     between barriers)."""
-    if not all(isinstance(st, (N.Load, N.Store, N.Intrinsic, N.Constant, N.LoadIndex))
-               for st in block.stmts):
-        return False
-    if any(isinstance(st, N.Load) and (st.offset is not None or any(st.dynamic))
-           for st in block.stmts):
+    if not plain_leaf(block):
         return False
     stores = [st for st in block.stmts if isinstance(st, N.Store)]
     return len(stores) == 1 and block.ref(stores[0].ref).agg in aggs
