@@ -73,7 +73,6 @@ PIPELINE_CHOICES: dict[str, tuple[Any, ...]] = {
     "gpu.dims": (3, 2, 1),
     "gpu.unroll": (2, 1, 4),
     "gpu.reduce": (64, 0, 256),
-    "gpu.rows": (64, 0, 128, 256),
     "gpu.pad": (1, 0),
 }
 UNROLL_FACTORS = (1, 2, 3, 4, 5, 6, 8)
