@@ -31,10 +31,10 @@ from typing import Any
 
 from polytile.analysis.deps import scalar_indices
 from polytile.analysis.vectorizable import MASKED_LANES
+from polytile.errors import ArgumentError
 from polytile.ir import nodes as N
 from polytile.ir.phases import stitch_schedule
 from polytile.passes.pipeline import register
-from polytile.errors import ArgumentError
 from polytile.passes.schedule import (PAGE_BYTES, Schedule, _is_parallel, apply_schedule,
                                       check_schedule, panel_index, thread_loop)
 from polytile.targets.target import Target

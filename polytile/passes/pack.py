@@ -244,9 +244,8 @@ def pack(fn: N.Function, target: Target, params: dict[str, Any]) -> N.Function:
         return fn
     settings = (int(params.get("min_reuse", 4)), int(params.get("max_reduction", 1 << 30)))
     row_settings = (int(params.get("row_min_reuse", ROW_MIN_REUSE)), settings[1])
-    given = params.get("schedules", {})
     return replace(fn, body=_pack_members(fn.body, target, settings, row_settings,
-                                          given=given))
+                                          given=params.get("schedules", {})))
 
 
 Hoist = Callable[["_Copy", N.Refinement, int], "str | None"]

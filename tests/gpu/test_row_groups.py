@@ -15,6 +15,8 @@ import pytest
 from conformance.programs import CASES as CORPUS
 from conformance.test_conformance import as_tuple, assert_agrees, relayout
 from gpu.cubin import cubin_arch
+from gpu.loop_edits import without_barriers
+from passes.test_gpu_rows import LAYERNORM, SOFTMAX
 
 import polytile as pt
 from polytile.backends.cuda import NVRTC_FLAGS
@@ -31,12 +33,6 @@ from polytile.runtime.opencl import device_problem
 from polytile.sema.specialize import specialize
 from polytile.targets import target as T
 
-SOFTMAX = ("def softmax(float(N,M) X) -> (Y) {\n  mx(n) max=! X(n,m)\n"
-           "  e(n,m) = exp(X(n,m) - mx(n))\n  s(n) +=! e(n,m)\n  Y(n,m) = e(n,m) / s(n)\n}\n")
-LAYERNORM = ("def layernorm(float(N,D) X, float(D) gamma, float(D) beta) -> (Y) {\n"
-             "  mean(n) +=! X(n,d)\n  Z(n,d) = X(n,d) - mean(n) / D\n"
-             "  var(n) +=! Z(n,d) * Z(n,d)\n"
-             "  Y(n,d) = Z(n,d) / sqrt(var(n) / D + 1e-5) * gamma(d) + beta(d)\n}\n")
 CHAIN = ("def chain(float(N,D) X, float(D) bias, float(N,D) R, float(D) gamma, float(D) beta)"
          " -> (Y) {\n"
          "  A(n,d) = X(n,d) + bias(d)\n"
@@ -103,27 +99,13 @@ def test_the_loop_ir_matches_the_reference(name: str, d: int) -> None:
                                rtol=2e-5, atol=2e-6)
 
 
-def _without_barriers(stmts: tuple[L.Stmt, ...]) -> tuple[L.Stmt, ...]:
-    kept: list[L.Stmt] = []
-    for st in stmts:
-        if isinstance(st, L.Barrier):
-            continue
-        if isinstance(st, (L.Loop, L.Alloc)):
-            st = dataclasses.replace(st, body=_without_barriers(st.body))
-        elif isinstance(st, L.If):
-            st = dataclasses.replace(st, then=_without_barriers(st.then),
-                                     else_=_without_barriers(st.else_))
-        kept.append(st)
-    return tuple(kept)
-
-
 def test_without_its_barriers_a_row_group_reads_what_is_not_yet_written() -> None:
     """The lock-step interpreter shows a missing barrier: work-items read the row's
     maximum and sum before work-item 0 wrote them."""
     fn = ir("softmax", "opencl", shapes_of("softmax", 5, 100))
     args = inputs("softmax", 5, 100)
     racy = run_loops(fn, args, lambda k: dataclasses.replace(
-        k, body=_without_barriers(k.body)))
+        k, body=without_barriers(k.body)))
     assert not np.allclose(racy, reference("softmax", args), rtol=1e-4, atol=1e-5)
 
 

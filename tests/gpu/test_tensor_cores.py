@@ -13,6 +13,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 from gpu.cubin import cubin_arch
+from gpu.loop_edits import without_barriers
 
 import polytile as pt
 from polytile.backends.cuda import NVRTC_FLAGS
@@ -304,18 +305,7 @@ def test_the_interpreter_runs_a_groups_threads_in_lock_step() -> None:
     interp.run(fn, buffers, kernel)
     assert np.allclose(buffers[fn.params[2]], A @ B.T, rtol=1e-5, atol=1e-5)
 
-    def drop(stmts: tuple) -> tuple:  # type: ignore[type-arg]
-        kept = []
-        for st in stmts:
-            if isinstance(st, L.Barrier):
-                continue
-            if isinstance(st, (L.Loop, L.Alloc)):
-                st = dataclasses.replace(st, body=drop(st.body))
-            elif isinstance(st, L.If):
-                st = dataclasses.replace(st, then=drop(st.then), else_=drop(st.else_))
-            kept.append(st)
-        return tuple(kept)
-    racy = dataclasses.replace(kernel, body=drop(kernel.body))
+    racy = dataclasses.replace(kernel, body=without_barriers(kernel.body))
     out = np.zeros((37, 21), np.float32)
     buffers = dict(zip(fn.params, [A, B, out]))
     interp.run(fn, buffers, racy)
