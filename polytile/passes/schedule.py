@@ -129,6 +129,11 @@ def apply_schedule(block: N.Block, schedule: Schedule, parent: N.Block) -> N.Blo
     inner_ranges = {i.name: i.range for i in inner.idxs if i.affine is None}
     if schedule.vector is not None and _is_parallel(inner, schedule.vector):
         register[schedule.vector] = schedule.lanes * schedule.vectors
+        # Split into panels (pass pack), a micro-kernel runs over one panel unless the
+        # schedule unrolls more: the panel loop is a register tile loop, never the
+        # micro-kernel's (which would then run every panel of a cache tile, and all of
+        # them as scalar code where the tile's last panel is partial).
+        register.setdefault(panel_index(schedule.vector), 1)
     register = {k: v for k, v in register.items() if k in inner_ranges and v < inner_ranges[k]}
     if register:
         holder = result if inner_path else parent

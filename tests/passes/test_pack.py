@@ -148,3 +148,40 @@ def test_a_given_schedule_sizes_the_panels() -> None:
         assert packed.shape.sizes[-1] == 8 * vectors
         got = Module(TMM, program, "c", compiler).tmm(a, b)
         np.testing.assert_allclose(got, a @ b.T, rtol=1e-5, atol=1e-4)
+
+
+def test_a_micro_kernel_runs_over_one_panel() -> None:
+    # A given schedule that names only the rows' unroll still runs each micro-kernel
+    # over one panel: the panel index is a register tile loop, not the micro-kernel's.
+    # (Before, the micro-kernel ran every panel of its cache tile, and all of them as
+    # scalar code where the tile held the partial last panel: tmm 1024^3 with 24-wide
+    # panels in tiles of 11 took 266 ms, not 35 ms, one thread on a Zen 3 EPYC.)
+    import numpy as np
+
+    from polytile.api import Module
+    from polytile.compile import Compiler
+    from polytile.config import load_config
+    from polytile.lang.parser import parse
+    from polytile.passes.schedule import Schedule
+    from polytile.sema.analyze import analyze
+    from polytile.sema.specialize import specialize
+
+    def micro_kernels(b: N.Block) -> list[N.Block]:
+        inner = [s for s in b.stmts if isinstance(s, N.Block)]
+        return [b] if b.schedule.micro else [m for s in inner for m in micro_kernels(s)]
+
+    program = analyze(parse(TMM))
+    rng = np.random.default_rng(1)
+    a = rng.standard_normal((29, 37)).astype(np.float32)
+    b = rng.standard_normal((200, 37)).astype(np.float32)     # 8 panels of 24 and one of 8
+    options = {"autotile.schedules": {"s0": Schedule(
+        vector="i1", lanes=8, vectors=3, unroll=(("i0", 4),),
+        tiles=(("i0", 12), ("i1_o", 4), ("i2", 16)))}}
+    compiler = Compiler(load_config(), target("cpu-avx2"), options=options)
+    fn = compiler.ir(specialize(program.functions[0], {"A": a.shape, "B": b.shape}, {}))
+    (micro,) = micro_kernels(next(s for s in fn.body.stmts
+                                  if isinstance(s, N.Block) and s.name == "s0"))
+    loops = {i.name: i.range for i in micro.idxs if i.affine is None and i.range > 1}
+    assert loops == {"i0": 4, "i1": 24, "i2": 16}
+    got = Module(TMM, program, "c", compiler).tmm(a, b)
+    np.testing.assert_allclose(got, a @ b.T, rtol=1e-5, atol=1e-4)
