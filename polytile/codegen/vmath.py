@@ -141,8 +141,10 @@ static inline pt_vf pt_vexp(pt_vf x) {{
   p = p * r + 0.5f;
   p = p * r + 1.0f;
   p = p * r + 1.0f;
-  pt_vi e = (__builtin_convertvector(n, pt_vi) + 127) << 23;
-  pt_vf y = p * (pt_vf)e;
+  /* 2^n p by adding n to p's exponent field: p = e^r lies in [2^-1/2, 2^1/2], so at
+     the top of the range (n = 128, r < 0) p < 1 and the sum stays finite, where a
+     factor 2^n would not exist; at the bottom (n = -126, r >= 0) p >= 1. */
+  pt_vf y = (pt_vf)((pt_vi)p + (__builtin_convertvector(n, pt_vi) << 23));
   y = pt_vsel(over, pt_vsplat(__builtin_inff()), y);
   return pt_vsel(under, pt_vsplat(0.0f), y);
 }}
