@@ -8,8 +8,8 @@ float64 references over the float32 range, see tests/codegen/test_vmath.py):
         relative error <= 2 ulp; exp(-inf) = 0, exp(+inf) = inf, NaN propagates;
         results below 2^-126 flush to 0 (no subnormals).
 * log:  x = m * 2^e with m in [sqrt(1/2), sqrt(2)), degree-9 polynomial in (m - 1)
-        (Cephes logf); relative error <= 3 ulp for normal x; log(0) = -inf,
-        log(x < 0) = NaN, log(inf) = inf, NaN propagates.
+        (Cephes logf), a subnormal x scaled by 2^23 first; relative error <= 3 ulp;
+        log(0) = -inf, log(x < 0) = NaN, log(inf) = inf, NaN propagates.
 * tanh: odd polynomial for |x| < 0.625 (Cephes tanhf), 1 - 2/(exp(2|x|) + 1) above;
         absolute error <= 2e-7.
 * erf:  Abramowitz & Stegun 7.1.26 (1.5e-7) evaluated in float32; absolute error <= 5e-7.
@@ -149,8 +149,10 @@ static inline pt_vf pt_vexp(pt_vf x) {{
   return pt_vsel(under, pt_vsplat(0.0f), y);
 }}
 static inline pt_vf pt_vlog(pt_vf x) {{
-  pt_vi bits = (pt_vi)x;
-  pt_vi e = ((bits >> 23) & 0xff) - 127;
+  /* a subnormal x is read as x 2^23, a normal float, with 23 taken off its exponent */
+  pt_vi sub = (x > 0.0f) & (x < 1.17549435e-38f);
+  pt_vi bits = (pt_vi)pt_vsel(sub, x * 8388608.0f, x);
+  pt_vi e = ((bits >> 23) & 0xff) - 127 - (sub & 23);
   pt_vf m = (pt_vf)((bits & 0x007fffff) | 0x3f800000);
   pt_vi big = m > 1.41421356f;
   m = pt_vsel(big, m * 0.5f, m);

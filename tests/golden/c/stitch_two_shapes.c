@@ -113,8 +113,10 @@ static inline pt_vf pt_vexp(pt_vf x) {
   return pt_vsel(under, pt_vsplat(0.0f), y);
 }
 static inline pt_vf pt_vlog(pt_vf x) {
-  pt_vi bits = (pt_vi)x;
-  pt_vi e = ((bits >> 23) & 0xff) - 127;
+  /* a subnormal x is read as x 2^23, a normal float, with 23 taken off its exponent */
+  pt_vi sub = (x > 0.0f) & (x < 1.17549435e-38f);
+  pt_vi bits = (pt_vi)pt_vsel(sub, x * 8388608.0f, x);
+  pt_vi e = ((bits >> 23) & 0xff) - 127 - (sub & 23);
   pt_vf m = (pt_vf)((bits & 0x007fffff) | 0x3f800000);
   pt_vi big = m > 1.41421356f;
   m = pt_vsel(big, m * 0.5f, m);
