@@ -396,11 +396,22 @@ class _Emitter:
             inner += step(Affine.constant(start), tail, accs[0])
         post: list[L.Stmt] = [L.Assign(acc, L.Combine(p.agg, acc, row[k]))
                               for row in accs[1:] for k, acc in enumerate(accs[0])]
-        for combo, acc in zip(combos, accs[0]):
-            view = child_view(self.out, self.outer.views[self.out.from_], self._at(idx, combo))
-            total = low.fresh("s")
-            post += [L.Let(total, L.VType(dtypes.FLOAT32), L.Reduce(p.agg, acc)),
-                     L.Store(view.ptr, view.offset, total, p.agg)]
+        views = [child_view(self.out, self.outer.views[self.out.from_], self._at(idx, combo))
+                 for combo in combos]
+        k = 0
+        while k < len(views):
+            m = _consecutive(views, k, p.lanes) if p.agg == "add" else 1
+            if m > 1:
+                # m sums into consecutive elements: one vector of them, by a tree of
+                # shuffles, and one store.
+                total = _lane_sums(accs[0][k:k + m], p, low, post)
+                count = None if m == p.lanes else Affine.constant(m)
+                post.append(L.Store(views[k].ptr, views[k].offset, total, p.agg, count))
+            else:
+                total = low.fresh("s")
+                post += [L.Let(total, L.VType(dtypes.FLOAT32), L.Reduce(p.agg, accs[0][k])),
+                         L.Store(views[k].ptr, views[k].offset, total, p.agg)]
+            k += m
         return pre + self._red_loops(idx, inner) + post
 
     # ------------------------------------------------------------ values
@@ -481,3 +492,40 @@ class _Emitter:
         var = self.low.fresh("v")
         out.append(L.Let(var, self.p.vtype, L.Op(st.op, xs, dtypes.FLOAT32)))
         return var, True
+
+
+def _consecutive(views: list, k: int, lanes: int) -> int:
+    """How many of the views from the k-th on, a power of two and at most `lanes`, are
+    consecutive elements of one buffer."""
+    n = 1
+    while (n < lanes and k + n < len(views) and views[k + n].ptr == views[k].ptr
+           and views[k + n].offset - views[k].offset == Affine.constant(n)):
+        n += 1
+    return 1 << (n.bit_length() - 1)
+
+
+def _lane_sums(accs: list[str], p: _Plan, low: "Lowering", out: list[L.Stmt]) -> str:
+    """A vector whose lane j < len(accs) is the sum of vector accs[j]'s lanes (len(accs)
+    a power of two, at most `lanes`): pairs of vectors exchange blocks of w lanes and
+    add, w = 1, 2, 4, ... (len(accs) - 1 adds in all), then the halves of the result fold
+    onto its first len(accs) lanes. A horizontal sum per accumulator takes log2(lanes)
+    shuffles and adds each."""
+    n, level, w = p.lanes, list(accs), 1
+
+    def add(a: str, b: str, lo: tuple[int, ...], hi: tuple[int, ...]) -> str:
+        x, y, z = low.fresh("v"), low.fresh("v"), low.fresh("v")
+        out.extend([L.Let(x, p.vtype, L.Shuffle(a, b, lo)),
+                    L.Let(y, p.vtype, L.Shuffle(a, b, hi)),
+                    L.Let(z, p.vtype, L.Combine("add", x, y))])
+        return z
+    while len(level) > 1:
+        level = [add(a, b, tuple(j if (j // w) % 2 == 0 else n + j - w for j in range(n)),
+                     tuple(j + w if (j // w) % 2 == 0 else n + j for j in range(n)))
+                 for a, b in zip(level[0::2], level[1::2])]
+        w *= 2
+    total, half = level[0], n // 2
+    while half >= len(accs):
+        total = add(total, total, tuple(range(n)),
+                    tuple(j + half if j < half else j for j in range(n)))
+        half //= 2
+    return total

@@ -104,6 +104,14 @@ KERNELS = [
            ((3, 7, 37, 3), (2, 1, 45, 2)),
            lambda r, s: (normal(r, s[0], s[1], s[2]), normal(r, s[0], s[3], s[2])),
            lambda x, y: f32(np.einsum("bnm,bkm->bnk", f64(x), f64(y))), vector="reduction"),
+    # A row loop's dot products into consecutive outputs (MLP3's hidden layers): the
+    # sums of `lanes` accumulators go out as one vector (a tree of shuffles).
+    Kernel("row_dot", """def rowdot(float(B,O) X, float(P,O) W) -> (Y) {
+  H(b,o) = fmaxf(X(b,o), 0)
+  Y(b,p) +=! H(b,o) * W(p,o)
+}""", ((37, 64, 32), (5, 19, 13), (3, 64, 40)),
+           lambda r, s: (normal(r, s[0], s[1]), normal(r, s[2], s[1])),
+           lambda x, w: f32(np.maximum(f64(x), 0) @ f64(w).T), vector="reduction"),
     Kernel("math", """def math(float(M,N) X, float(M,N) P) -> (E, L, T, R, S, F, Q) {
   E(i,j) = exp(X(i,j))
   L(i,j) = log(P(i,j))
@@ -217,6 +225,40 @@ def check_vector_code(kernel: Kernel, mod: pt.Module, fn: Any, args: tuple) -> N
     text = generate_c(ir, COptions(symbol="polytile_kernel")).text
     assert ": vector" in text, f"{kernel.name} on {target.name}: the C has no vector block"
     assert f"vector_size({4 * LANES[target.name]})" in text
+
+
+@pytest.mark.parametrize("target", ["cpu-avx512", "cpu-avx2", "cpu-generic"])
+def test_dot_sums_into_consecutive_outputs_go_out_as_vectors(target: str) -> None:
+    # Each group of dot products whose outputs are consecutive (a power of two, up to the
+    # lanes) leaves as one vector made by shuffles, and one store; AVX-512's 8 sums fill
+    # half a vector (count 8). Loop IR of any target, run by the loop interpreter; the
+    # host runs the C in test_vector_kernel.
+    from polytile.compile import Compiler
+    from polytile.config import load_config
+    from polytile.lang.parser import parse
+    from polytile.loops.interp import run_kernel
+    from polytile.loops.lower import lower
+    from polytile.sema.analyze import analyze
+    from polytile.targets.target import inspection_target
+
+    kernel = next(k for k in KERNELS if k.name == "row_dot")
+    fn = analyze(parse(kernel.source)).functions[0]
+    compiler = Compiler(load_config(), inspection_target(target))
+    for p, stores in ((32, {"cpu-avx512": ["(count 8) add="], "cpu-avx2": ["add= v"],
+                            "cpu-generic": ["add= v", "add= v"]}[target]), (13, None)):
+        rng = np.random.default_rng(p)
+        x, w = normal(rng, 37, 64), normal(rng, p, 64)
+        ir = compiler.ir(specialize(fn, {"X": x.shape, "W": w.shape}, {}))
+        text = compiler.backend.generate(ir, compiler.target).text("loops")
+        assert "reduce_add(" not in text or p == 13
+        if stores is not None:
+            found = [line.split("]", 1)[1].strip() for line in text.splitlines()
+                     if "store" in line and "add=" in line]
+            assert [f[:len(s)] for f, s in zip(found, stores)] == stores and len(found) == len(
+                stores), found
+        got = np.full((37, p), np.nan, np.float32)
+        run_kernel(lower(ir), [x, w, got])
+        assert_agrees(got, kernel.reference(x, w), F32, f"row_dot P={p} on {target}")
 
 
 def test_nan_in_every_lane_position() -> None:
