@@ -183,6 +183,10 @@ def tune_spec(compiler: Compiler, spec: Specialized, inputs: dict[str, np.ndarra
         # without a device: refuse now rather than reject every candidate.
         from polytile.runtime.cuda import cuda_device
         cuda_device()
+    for options in settings.start:
+        # The caller's starting points are checked, as the database checks what it
+        # imports, before they seed anything: encoding would quietly round a bad value.
+        options.check(compiler.target)
     db = TuningDatabase.of(config)
     lowered = lower(canonical(spec))
     key = compiler.tuning_key(spec, lowered)
@@ -194,12 +198,13 @@ def tune_spec(compiler: Compiler, spec: Specialized, inputs: dict[str, np.ndarra
     seeds = ([space.default_point] + [space.encode(o) for o in exact + similar]
              + space.predefined())
     name = spec.fn.name
+    progress = Progress(label or name, deadline, settings.progress)
+    progress.note(space.summary())
     session = _Session(
         space=space, key=key, function=name, db=db, deadline=deadline,
         job=BuildJob(config, compiler.target, spec),
         build=BuildSettings(settings.workers, settings.build_timeout),
-        progress=Progress(label or name, deadline, settings.progress),
-        run_id=secrets.token_hex(8), run_settings=settings.run, family=family)
+        progress=progress, run_id=secrets.token_hex(8), run_settings=settings.run, family=family)
     setup = _runner_setup(spec, inputs, scalars, outputs, settings.run)
     with contextlib.ExitStack() as stack:
         if settings.cluster is not None:

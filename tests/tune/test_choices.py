@@ -1,0 +1,99 @@
+"""Which pipeline choices are genes (polytile/tune/choices.py): only those that change the
+program, with only the values that build programs of their own; the pruned space still
+reaches every program the full product of the choices builds, and its points compute
+what the reference interpreter does."""
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import pytest
+from passes.test_gpu_rows import LAYERNORM, SOFTMAX
+
+from polytile.ir.lower import lower
+from polytile.lang.parser import parse
+from polytile.sema.analyze import analyze
+from polytile.sema.canonical import canonical
+from polytile.sema.specialize import Specialized, specialize
+from polytile.targets.target import Target, load_target, select_target
+from polytile.tune.choices import PIPELINE_CHOICES, Programs, offered_choices, pipeline_choices
+from polytile.tune.space import Space, build_space
+
+from .conftest import TMM
+from .test_space import WORKLOADS, _spec
+
+GELU = WORKLOADS["gelu 33x101"]
+# Row groups need an intermediate the fused row keeps to itself: the tests' softmax
+# (e = exp(...)) and layernorm have one; the bench's softmax writes Y and reads it back,
+# a buffer in global memory between members, so its row stays a row per work-item.
+ROWS = {"softmax": (SOFTMAX, {"X": (5, 37)}),
+        "layernorm": (LAYERNORM, {"X": (5, 37), "gamma": (37,), "beta": (37,)}),
+        "tmm": (TMM, {"A": (30, 24), "B": (40, 24)})}
+
+
+def _source_spec(name: str) -> Specialized:
+    source, shapes = ROWS[name]
+    return specialize(analyze(parse(source)).functions[0], shapes, {})
+
+
+def _space(spec: Specialized, target: Target) -> Space:
+    return build_space(lower(canonical(spec)), target)
+
+
+def _pipeline_genes(space: Space) -> dict[str, tuple[Any, ...]]:
+    return {g.name: g.values for g in space.genes if g.name in PIPELINE_CHOICES}
+
+
+def test_a_program_with_nothing_to_fuse_or_pack_has_fewer_genes() -> None:
+    target = select_target()
+    gelu = _space(_spec(GELU), target)                  # one elementwise statement
+    tmm = _space(_spec(WORKLOADS["tmm 128x32x256"]), target)
+    assert _pipeline_genes(gelu) == {}
+    assert {"fuse.strategy", "pack.enabled"} <= set(gelu.fixed)
+    assert {"fuse.strategy", "pack.enabled"} <= set(_pipeline_genes(tmm))
+    assert len(gelu.variants) == 1 < len(tmm.variants)
+    assert len(_pipeline_genes(gelu)) < len(_pipeline_genes(tmm))
+
+
+def _every_setting(offered: dict[str, tuple[Any, ...]]) -> list[dict[str, Any]]:
+    return [dict(zip(offered, combo)) for combo in itertools.product(*offered.values())]
+
+
+def _check_covers_the_full_product(programs: Programs,
+                                   offered: dict[str, tuple[Any, ...]]) -> None:
+    """Every setting of every offered value builds the program of the setting its values
+    resolve to, and the kept values' product builds every distinct program."""
+    choices = {c.name: c for c in pipeline_choices(programs, offered)}
+    full = set()
+    for setting in _every_setting(offered):
+        built = programs.program(setting)[1]
+        full.add(built)
+        resolved = {name: choices[name].resolve(v) for name, v in setting.items()}
+        assert programs.program(resolved)[1] == built, (setting, resolved)
+    kept = {name: c.values for name, c in choices.items()}
+    assert {programs.program(s)[1] for s in _every_setting(kept)} == full
+    assert len(full) > 1
+
+
+@pytest.mark.parametrize("name", ["tmm 37x19x53", "tmm 128x32x256", "MLP3 8x17x9x5x2",
+                                  "softmax 33x101", "2LUT 1000x8x6x5",
+                                  "conv-einsum 2x3x5x9x7"])
+def test_the_pruned_cpu_choices_reach_every_program_of_the_full_product(name: str) -> None:
+    target = select_target()
+    _check_covers_the_full_product(Programs(lower(canonical(_spec(WORKLOADS[name]))), target),
+                                   offered_choices(target, False))
+
+
+# The GPU choices that act on each other (rows only under fuse.strategy=rows, the
+# shared reduction only without staging, the padding only of a staged tile): the full
+# product of all eight is some 13000 settings per program, half a minute to two.
+GPU_OFFERED = {name: values for name, values in offered_choices(load_target("opencl"),
+                                                                 False).items()
+               if name in ("fuse.strategy", "gpu.rows", "gpu.tile_k", "gpu.reduce",
+                           "gpu.pad")}
+
+
+@pytest.mark.parametrize("name", sorted(ROWS))
+def test_the_pruned_gpu_choices_reach_every_program_of_the_full_product(name: str) -> None:
+    programs = Programs(lower(canonical(_source_spec(name))), load_target("opencl"))
+    _check_covers_the_full_product(programs, GPU_OFFERED)
