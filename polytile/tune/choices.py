@@ -56,6 +56,9 @@ PIPELINE_CHOICES: dict[str, tuple[Any, ...]] = {
     "gpu.unroll": (2, 1, 4),
     "gpu.reduce": (64, 0, 256),
     "gpu.pad": (1, 0),
+    # Work-items sharing a fused row (FusionStitching's block composition; 0: a row per
+    # work-item; 32: one warp).
+    "gpu.rows": (64, 0, 32, 128, 256),
 }
 
 Setting = Mapping[str, Any]

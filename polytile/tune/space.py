@@ -16,11 +16,12 @@ A point is one value index per gene, the genetic algorithm's chromosome. The gen
   passes its groups), packing on/off, pointer increments on/off; on a GPU target
   (pass gpu) the work-items per work-group, the staged reduction tile (0: no local
   memory), how many indices are mapped, the register tile of a staged reduction and the
-  work-items sharing a reduction across a group (0: none), the padding of staged rows.
-  Only the choices that change
-  this program are genes, with only the values that build programs of their own
-  (polytile/tune/choices.py decides, by running the passes): no kernel to fuse, nothing
-  to pack, no fused row loop, and the choice would only add copies of the same kernels;
+  work-items sharing a reduction across a group (0: none), the padding of staged rows,
+  the work-items sharing a fused row (row groups, 0: a row per work-item). Only the
+  choices that change this program are genes, with only the values that build programs
+  of their own (polytile/tune/choices.py decides, by running the passes): with no kernel
+  to fuse, nothing to pack or no fused row loop, a choice would only add copies of the
+  same kernels;
 * `lanes`: vector width, the target's full width or half of it (one for the function:
   the generated C declares one vector type);
 * per kernel block (names are stable: they come from the lowered program; the phases
