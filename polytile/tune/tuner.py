@@ -34,6 +34,7 @@ import numpy as np
 from polytile.compile import Compiler, TuningKey
 from polytile.errors import ArgumentError
 from polytile.ir.lower import lower
+from polytile.passes.pipeline import check_pass_options
 from polytile.runtime.files import sha256_text
 from polytile.sema import reference
 from polytile.sema.canonical import alpha_rename, canonical
@@ -184,9 +185,12 @@ def tune_spec(compiler: Compiler, spec: Specialized, inputs: dict[str, np.ndarra
         from polytile.runtime.cuda import cuda_device
         cuda_device()
     for options in settings.start:
-        # The caller's starting points are checked, as the database checks what it
-        # imports, before they seed anything: encoding would quietly round a bad value.
-        options.check(compiler.target)
+        # The caller's pass options are checked before they seed anything: the space
+        # keeps only the choices that change this program, so a misspelt option or value
+        # would vanish in the encoding. Their schedules are hints, encoded onto the
+        # space like a stored entry of another size (a vector wider than this host's
+        # takes its full width).
+        check_pass_options(dict(options.passes), compiler.target)
     db = TuningDatabase.of(config)
     lowered = lower(canonical(spec))
     key = compiler.tuning_key(spec, lowered)

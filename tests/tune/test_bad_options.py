@@ -131,12 +131,12 @@ def test_options_given_by_the_caller_still_raise(tmp_path: Path) -> None:
         compiler.build(spec)
 
 
-@pytest.mark.parametrize("case", ["unknown strategy", "lanes wider than the target",
-                                  "unknown pass"])
-def test_starting_points_given_to_the_tuner_are_checked_before_they_seed_it(
+@pytest.mark.parametrize("case", ["unknown strategy", "unknown pass", "unknown parameter",
+                                  "flag not a bool"])
+def test_the_pass_options_of_starting_points_are_checked_before_they_seed_the_tuner(
         case: str, tmp_path: Path) -> None:
-    """The space would round a bad value to the nearest gene value (or drop a choice that
-    is not a gene of this program) and tune on: the caller's mistake is reported first."""
+    """The space would take the nearest gene value, or drop a choice that is not a gene
+    of this program, and tune on: the caller's mistake is reported first."""
     config = Config(cache_dir=tmp_path / "cache")
     module = pt.define(MM, target=TARGET, config=config)
     rng = np.random.default_rng(3)
