@@ -187,8 +187,8 @@ def _inject(args: argparse.Namespace, config: Any, db: Any) -> int:
     compiler = module.compiler
     assert compiler is not None
     spec = _specialize(fn, args.sizes or {})
-    _check_blocks(options, compiler, spec)
     options.check(compiler.target)
+    _check_blocks(options, compiler, spec)
     # Applied once now, so an entry later calls could not apply is refused here.
     lowered = lower(canonical(spec))
     compiler.optimize(lowered, options.pass_options())
@@ -208,10 +208,7 @@ def _check_blocks(options: Any, compiler: Any, spec: Any) -> None:
 
     space = build_space(lower(canonical(spec)), compiler.target,
                         plan=plan_groups(compiler, spec))
-    wanted = {**dict(space.variants[0].passes), **dict(options.passes)}
-    variant = next((v for v in space.variants
-                    if all(wanted[k] == value for k, value in v.passes)), space.variants[0])
-    names = {kb.name for kb in variant.blocks}
+    names = {kb.name for kb in space.variant_of(options).blocks}
     unknown = [name for name, _ in options.schedules if name not in names]
     if unknown:
         raise ArgumentError(f"the options name blocks {unknown} that this program does not "

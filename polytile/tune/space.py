@@ -3,6 +3,7 @@ dimensions and admissible values").
 
     space = build_space(lowered_ir, target)
     space.genes            # (Gene("fuse.strategy", ("rows", "none")), Gene("s0.tile.i0", (1, 2, ...)), ...)
+    space.fixed            # ("pack.enabled", ...): choices that build one program whatever their value
     space.default          # the heuristics' Options; space.default_point encodes it
     space.decode(point)    # Options, or None for a point pruned before compiling
     space.predefined()     # more starting points: the heuristics under other pipeline choices
@@ -15,9 +16,12 @@ A point is one value index per gene, the genetic algorithm's chromosome. The gen
   passes its groups), packing on/off, pointer increments on/off; on a GPU target
   (pass gpu) the work-items per work-group, the staged reduction tile (0: no local
   memory), how many indices are mapped, the register tile of a staged reduction and the
-  work-items sharing a reduction across a group (0: none), the padding of staged rows. A choice none
-  of whose values changes this program (no kernel to fuse, nothing to pack) is not a
-  gene: it would only add copies of the same kernels;
+  work-items sharing a reduction across a group (0: none), the padding of staged rows,
+  the work-items sharing a fused row (row groups, 0: a row per work-item). Only the
+  choices that change this program are genes, with only the values that build programs
+  of their own (polytile/tune/choices.py decides, by running the passes): with no kernel
+  to fuse, nothing to pack or no fused row loop, a choice would only add copies of the
+  same kernels;
 * `lanes`: vector width, the target's full width or half of it (one for the function:
   the generated C declares one vector type);
 * per kernel block (names are stable: they come from the lowered program; the phases
@@ -59,22 +63,15 @@ from polytile.ir import nodes as N
 from polytile.passes.autotile import choose_schedule, scheduled_blocks, typed_vector_candidates
 from polytile.passes.schedule import Schedule, _is_parallel, full_lanes, gathers, panel_index
 from polytile.targets.target import Target
+from polytile.tune.choices import (
+    PIPELINE_CHOICES,
+    Choice,
+    Programs,
+    offered_choices,
+    pipeline_choices,
+)
 from polytile.tune.options import Options
 
-# Pipeline parameters worth searching, by pass; used only for passes the target runs.
-PIPELINE_CHOICES: dict[str, tuple[Any, ...]] = {
-    "fuse.strategy": ("rows", "max", "none"),
-    "pack.enabled": (True, False),
-    "ptrinc.enabled": (True, False),
-    # GPU targets (TC §6: block sizes, promotion on/off, mapped dimensions); the grid
-    # follows from the work-group size and the extents.
-    "gpu.threads": (64, 32, 128, 256),
-    "gpu.tile_k": (16, 0, 8, 32),
-    "gpu.dims": (3, 2, 1),
-    "gpu.unroll": (2, 1, 4),
-    "gpu.reduce": (64, 0, 256),
-    "gpu.pad": (1, 0),
-}
 UNROLL_FACTORS = (1, 2, 3, 4, 5, 6, 8)
 VECTORS = (1, 2, 3, 4)
 PREFETCH_DISTANCES = (0, 4, 8, 16)
@@ -89,6 +86,13 @@ RESERVED_REGISTERS = 4      # operands and broadcasts next to the accumulators
 class Gene:
     name: str
     values: tuple[Any, ...]
+    same: tuple[tuple[Any, Any], ...] = ()   # a pipeline choice's value -> the kept value
+                                             # that builds the same program (Choice.same)
+
+    def index(self, wanted: Any) -> int:
+        """The index of `wanted`, of the value that builds the same program, or of the
+        nearest value."""
+        return _nearest(self.values, dict(self.same).get(wanted, wanted))
 
 
 @dataclass(frozen=True)
@@ -138,6 +142,7 @@ class Space:
     variants: tuple[Variant, ...]
     default: Options
     default_point: tuple[int, ...]
+    fixed: tuple[str, ...] = ()     # pipeline choices whose every value builds one program
 
     @property
     def sizes(self) -> tuple[int, ...]:
@@ -151,6 +156,19 @@ class Space:
     def _index(self) -> dict[str, int]:
         return {g.name: k for k, g in enumerate(self.genes)}
 
+    @functools.cached_property
+    def _variants(self) -> dict[tuple[tuple[str, Any], ...], Variant]:
+        return {v.passes: v for v in self.variants}
+
+    def variant_of(self, options: Options) -> Variant:
+        """The variant whose program `options` build: each pipeline gene at the value the
+        options give (or one that builds the same program), else at the default's."""
+        return self._variants[self._passes(self.encode(Options(passes=options.passes)))]
+
+    def _passes(self, point: Sequence[int]) -> tuple[tuple[str, Any], ...]:
+        return tuple((g.name, g.values[p]) for g, p in zip(self.genes, point)
+                     if g.name in PIPELINE_CHOICES)
+
     def canonical(self, point: Sequence[int]) -> str | None:
         """Identity of the point's Options (equal text, equal program), None if pruned."""
         options = self.decode(point)
@@ -159,9 +177,8 @@ class Space:
     def decode(self, point: Sequence[int]) -> Options | None:
         if tuple(point) == self.default_point:
             return self.default
-        passes = tuple((g.name, g.values[p]) for g, p in zip(self.genes, point)
-                       if g.name in PIPELINE_CHOICES)
-        variant = next(v for v in self.variants if v.passes == passes)
+        passes = self._passes(point)
+        variant = self._variants[passes]
         divisor = self.value(point, "lanes", 1)
         schedules = {}
         for kb in variant.blocks:
@@ -176,7 +193,7 @@ class Space:
         gene the options say nothing about (a block they do not name) takes the
         default's value. Options of the same program at other sizes land here too."""
         wanted = {**_gene_values(self.default, self), **_gene_values(options, self)}
-        return tuple(_nearest(g.values, wanted.get(g.name, g.values[0])) for g in self.genes)
+        return tuple(g.index(wanted.get(g.name, g.values[0])) for g in self.genes)
 
     def predefined(self) -> list[tuple[int, ...]]:
         """TC §6.2's "predefined strategies": the heuristics' schedules under every
@@ -194,10 +211,23 @@ class Space:
     def random_point(self, rng: random.Random) -> tuple[int, ...]:
         return tuple(rng.randrange(len(g.values)) for g in self.genes)
 
+    def summary(self) -> str:
+        """One line: the pipeline genes with their values, the choices that are not
+        genes of this program, the count of schedule genes."""
+        pipeline = [f"{g.name}={'/'.join(map(str, g.values))}" for g in self.genes
+                    if g.name in PIPELINE_CHOICES]
+        schedule = len(self.genes) - len(pipeline)
+        fixed = f"; not genes here: {', '.join(self.fixed)}" if self.fixed else ""
+        return (f"pipeline genes {' '.join(pipeline) or 'none'}; {schedule} schedule genes"
+                f"{fixed}")
+
     def describe(self) -> str:
         count = math.prod(self.sizes)
         lines = [f"{len(self.genes)} genes, {count:.3g} points before pruning"]
         lines += [f"  {g.name}: {', '.join(map(str, g.values))}" for g in self.genes]
+        if self.fixed:
+            lines.append(f"  not genes (one program whatever their value): "
+                         f"{', '.join(self.fixed)}")
         return "\n".join(lines)
 
 
@@ -209,55 +239,37 @@ def build_space(lowered: N.Function, target: Target, extra: Sequence[Options] = 
     graph level's choice of which statements share a kernel is then one more variant
     the tuner times against the row fusion and none (FusionStitching §4.3's
     execution-based scores, for the whole plan)."""
-    from polytile.passes.pipeline import run_pipeline
-    names = [name for name, _ in target.passes]
-    cut = names.index("autotile") if "autotile" in names else len(names)
-    before = replace(target, passes=target.passes[:cut])
-    defaults = {f"{name}.{k}": v for name, params in target.passes for k, v in params}
-    choices = {}
-    for gene, values in PIPELINE_CHOICES.items():
-        if gene.split(".")[0] in names[:cut]:
-            default = defaults.get(gene, values[0])
-            choices[gene] = (default,) + tuple(v for v in values if v != default)
-    if plan is not None and "fuse.strategy" in choices:
-        choices["fuse.strategy"] += ("plan",)
-    programs = {}
-    for combo in itertools.product(*choices.values()):
-        passes = tuple(zip(choices, combo))
-        params = dict(passes)
-        if params.get("fuse.strategy") == "plan":
-            # The Compiler adds the same groups when it builds a candidate (Compiler.planned).
-            params["fuse.groups"] = [list(g) for g in plan or ()]
-        programs[passes] = run_pipeline(lowered, before, params)
-    choices = {name: _distinct(programs, k) for k, name in enumerate(choices)}
-    variants = [Variant(tuple(p for p in passes if len(choices[p[0]]) > 1),
-                        tuple(kernel_blocks(fn, target)))
-                for passes, fn in programs.items()
-                if all(value in choices[name] for name, value in passes)]
-    choices = {name: values for name, values in choices.items() if len(values) > 1}
+    groups = None if plan is None else tuple(tuple(g) for g in plan)
+    choices, variants = pipeline_variants(lowered, target, groups)
     default_variant = variants[0]
     default = Options.of({kb.name: kb.default for kb in default_variant.blocks},
                          dict(default_variant.passes))
-    genes = [Gene(name, values) for name, values in choices.items()]
+    genes = [Gene(c.name, c.values, c.same) for c in choices if len(c.values) > 1]
     genes += _schedule_genes(variants, target, [default, *extra])
-    space = Space(target, tuple(genes), tuple(variants), default, ())
+    space = Space(target, tuple(genes), variants, default, (),
+                  tuple(c.name for c in choices if len(c.values) == 1))
     return replace(space, default_point=space.encode(default))
 
 
-def _distinct(programs: dict[tuple[tuple[str, Any], ...], N.Function],
-              gene: int) -> tuple[Any, ...]:
-    """The values of pipeline choice number `gene` (the default first) that give a
-    program of their own: a value that gives the same program as an earlier one for
-    every setting of the other choices is left out."""
-    def program(passes: tuple[tuple[str, Any], ...], value: Any) -> N.Function:
-        return programs[passes[:gene] + ((passes[gene][0], value),) + passes[gene + 1:]]
-
-    values = tuple(dict.fromkeys(passes[gene][1] for passes in programs))
-    kept: list[Any] = []
-    for v in values:
-        if not any(all(program(p, v) == program(p, u) for p in programs) for u in kept):
-            kept.append(v)
-    return tuple(kept)
+@functools.lru_cache(maxsize=64)
+def pipeline_variants(lowered: N.Function, target: Target,
+                      plan: tuple[tuple[int, ...], ...] | None
+                      ) -> tuple[tuple[Choice, ...], tuple[Variant, ...]]:
+    """The pipeline choices of `lowered` on `target` (polytile.tune.choices: only those
+    that change this program are genes) and a variant for every setting of the genes,
+    the default first; kept per program, as a tuning run, `cache inject` and the tests
+    build the same program's space more than once."""
+    programs = Programs(lowered, target, plan)
+    choices = pipeline_choices(programs, offered_choices(target, plan is not None))
+    genes = [c for c in choices if len(c.values) > 1]
+    variants = []
+    for combo in itertools.product(*(c.values for c in genes)):
+        passes = tuple(zip((c.name for c in genes), combo))
+        # A target without autotile schedules no block: its variants are only settings.
+        blocks = kernel_blocks(programs.program(dict(passes))[0], target) if any(
+            name == "autotile" for name, _ in target.passes) else []
+        variants.append(Variant(passes, tuple(blocks)))
+    return choices, tuple(variants)
 
 
 def kernel_blocks(fn: N.Function, target: Target) -> list[KernelBlock]:

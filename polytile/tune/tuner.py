@@ -34,6 +34,7 @@ import numpy as np
 from polytile.compile import Compiler, TuningKey
 from polytile.errors import ArgumentError
 from polytile.ir.lower import lower
+from polytile.passes.pipeline import check_pass_options
 from polytile.runtime.files import sha256_text
 from polytile.sema import reference
 from polytile.sema.canonical import alpha_rename, canonical
@@ -183,6 +184,13 @@ def tune_spec(compiler: Compiler, spec: Specialized, inputs: dict[str, np.ndarra
         # without a device: refuse now rather than reject every candidate.
         from polytile.runtime.cuda import cuda_device
         cuda_device()
+    for options in settings.start:
+        # The caller's pass options are checked before they seed anything: the space
+        # keeps only the choices that change this program, so a misspelt option or value
+        # would vanish in the encoding. Their schedules are hints, encoded onto the
+        # space like a stored entry of another size (a vector wider than this host's
+        # takes its full width).
+        check_pass_options(dict(options.passes), compiler.target)
     db = TuningDatabase.of(config)
     lowered = lower(canonical(spec))
     key = compiler.tuning_key(spec, lowered)
@@ -194,12 +202,13 @@ def tune_spec(compiler: Compiler, spec: Specialized, inputs: dict[str, np.ndarra
     seeds = ([space.default_point] + [space.encode(o) for o in exact + similar]
              + space.predefined())
     name = spec.fn.name
+    progress = Progress(label or name, deadline, settings.progress)
+    progress.note(space.summary())
     session = _Session(
         space=space, key=key, function=name, db=db, deadline=deadline,
         job=BuildJob(config, compiler.target, spec),
         build=BuildSettings(settings.workers, settings.build_timeout),
-        progress=Progress(label or name, deadline, settings.progress),
-        run_id=secrets.token_hex(8), run_settings=settings.run, family=family)
+        progress=progress, run_id=secrets.token_hex(8), run_settings=settings.run, family=family)
     setup = _runner_setup(spec, inputs, scalars, outputs, settings.run)
     with contextlib.ExitStack() as stack:
         if settings.cluster is not None:

@@ -131,6 +131,22 @@ def test_options_given_by_the_caller_still_raise(tmp_path: Path) -> None:
         compiler.build(spec)
 
 
+@pytest.mark.parametrize("case", ["unknown strategy", "unknown pass", "unknown parameter",
+                                  "flag not a bool"])
+def test_the_pass_options_of_starting_points_are_checked_before_they_seed_the_tuner(
+        case: str, tmp_path: Path) -> None:
+    """The space would take the nearest gene value, or drop a choice that is not a gene
+    of this program, and tune on: the caller's mistake is reported first."""
+    config = Config(cache_dir=tmp_path / "cache")
+    module = pt.define(MM, target=TARGET, config=config)
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal((48, 40), dtype=np.float32)
+    b = rng.standard_normal((40, 56), dtype=np.float32)
+    with pytest.raises(ArgumentError, match=BAD[case][1]):
+        pt.tune(module.mm, a, b, start=[unchecked(BAD[case][0])], budget=30, progress=False)
+    assert TuningDatabase.of(config).measurements() == []
+
+
 def test_import_refuses_an_export_with_an_entry_its_target_cannot_apply(
         tc_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     assert inject(tc_file, {"schedules": {"s0": {"vector": "i1", "lanes": 8}}}) == 0

@@ -1,10 +1,13 @@
 """Tuning on the opencl target (TC §6 genes: work-group size, staged reduction tile,
-mapped dimensions): a crashing, a hanging and a wrong kernel are rejected and tuning goes
-on, as on the C backend. Skips, saying why, without a working OpenCL device."""
+mapped dimensions; row groups where a fused row becomes one): a crashing, a hanging and a
+wrong kernel are rejected and tuning goes on, as on the C backend, and every row group
+size the tuner tries computes what the reference does. Skips, saying why, without a
+working OpenCL device."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
+from passes.test_gpu_rows import LAYERNORM
 
 import polytile
 import polytile.backends.opencl as backend
@@ -71,3 +74,25 @@ def test_crashing_hanging_and_wrong_opencl_candidates_are_rejected(
     monkeypatch.setattr(backend, "print_opencl", _real_print)
     a, b = tmm_args
     np.testing.assert_allclose(mod.tmm(a, b), a @ b.T, rtol=1e-4, atol=1e-4)
+
+
+def test_row_group_sizes_are_genes_the_tuner_checks_against_the_reference(
+        config: Config) -> None:
+    """Layernorm's fused row is a row group: gpu.rows is a gene, and each size tried
+    (and a row per work-item) is checked on random inputs against the reference
+    interpreter before it is timed."""
+    mod = polytile.define(LAYERNORM, target="opencl", config=config)
+    rng = np.random.default_rng(0)
+    x = (3 * rng.standard_normal((33, 67))).astype(np.float32)
+    gamma, beta = rng.standard_normal((2, 67)).astype(np.float32)
+    start = [Options.of({}, {"fuse.strategy": "rows", "gpu.rows": r}) for r in (64, 0, 32)]
+    result = polytile.tune(mod.layernorm, x, gamma, beta, start=start, population=4,
+                           generations=1, budget=120, confirm=0, progress=False)
+    rows = TuningDatabase.of(config).measurements(result.key)
+    passes = [dict(Options.from_json(row["options"]).passes) for row in rows]
+    assert {p.get("gpu.rows", 64) for p in passes if p.get("fuse.strategy") == "rows"} >= {
+        64, 0, 32}
+    assert {row["status"] for row in rows} == {"ok"}
+    mean = x.mean(axis=1, keepdims=True)
+    expected = (x - mean) / np.sqrt(x.var(axis=1, keepdims=True) + 1e-5) * gamma + beta
+    np.testing.assert_allclose(mod.layernorm(x, gamma, beta), expected, rtol=1e-4, atol=1e-4)
