@@ -15,8 +15,10 @@ so. `polytile show --stage cuda` prints the source with no NVRTC at all.
 `load` gives a CUDAKernel with the C kernels' calling convention (polytile.runtime.kernel):
 called with the parameters' NumPy arrays, it copies them to device memory, runs the
 launches in order on the default stream, copies the outputs back and reports a failed
-check. It has not run on a GPU yet (this project's machines have none); the OpenCL
-backend runs the same mapping, printed by the same printer, on PoCL.
+check. A parameter may instead be a DeviceBuffer (polytile.runtime.cuda_memory: memory
+already on the device, from polytile.interop.device), passed by its pointer with no
+copy either way. It has not run on a GPU yet (this project's machines have none); the
+OpenCL backend runs the same mapping, printed by the same printer, on PoCL.
 """
 from __future__ import annotations
 
@@ -102,7 +104,7 @@ class CUDABackend:
 class CUDAKernel:
     """A loaded CUBIN and the launches that run one call of it."""
 
-    takes_addresses = False     # its buffers are copied to the device: arrays only
+    takes_addresses = False     # host memory is copied to the device: arrays only
 
     def __init__(self, device: Any, cubin: bytes, kernel: L.Kernel, plan: tuple[Launch, ...]):
         from polytile.runtime.cuda import check, load_module

@@ -19,7 +19,7 @@ from polytile.errors import UnsupportedError
 from polytile.runtime import cuda as runtime
 
 torch = pytest.importorskip("torch")
-import polytile.torch as pt_torch  # noqa: E402  (needs torch)
+import polytile.torch as pt_torch  # after importorskip: needs torch
 
 PROBLEM = runtime.nvrtc_problem() or (None if shutil.which("g++") else "g++ (for the emulation)")
 pytestmark = pytest.mark.skipif(PROBLEM is not None, reason=f"the emulation needs {PROBLEM}")
