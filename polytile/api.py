@@ -145,7 +145,7 @@ class TCFunction:
 
     def _checked_call(self, args: tuple[Any, ...], out: Any) -> Any:
         """Bind and check the arguments, specialize and compile on a new shape, run."""
-        if device.on_device(args):
+        if device.on_device(args, out):
             return self._device_call(args, out)
         inputs, scalars, adapter = self._bind_inputs(args)
         key, spec = self._specialized(inputs, scalars)
@@ -426,7 +426,7 @@ class _SeededFunction(TCFunction):
         assert self.forward is not None
         n = len(self.forward.params)
         if len(args) == len(self.fn.params):
-            shapes = tuple(tuple(np.shape(a)) for a in args[:n])
+            shapes = tuple(_shape(a) for a in args[:n])
             expected = self._expected.get(shapes)
             if expected is None:
                 tensors = {p.name: s for p, s in zip(self.forward.params, shapes)
@@ -437,8 +437,14 @@ class _SeededFunction(TCFunction):
                 expected = self._expected[shapes] = tuple(spec.shape(o) for o in self.seeds)
             given = args[len(args) - len(self.seeds):]
             for name, want, arg in zip(self.seeds, expected, given):
-                if tuple(np.shape(arg)) != want:
+                if _shape(arg) != want:
                     raise ArgumentError(
-                        f"the gradient of {name} has shape {tuple(np.shape(arg))}, but "
+                        f"the gradient of {name} has shape {_shape(arg)}, but "
                         f"{self.forward.name} gives {name} the shape {want}", self.forward.loc)
         return super().__call__(*args, out=out, tune=tune, **unknown)
+
+
+def _shape(value: Any) -> tuple[int, ...]:
+    """An argument's shape without reading its memory (device arrays have no __array__)."""
+    shape = getattr(value, "shape", None)
+    return tuple(int(d) for d in shape) if shape is not None else tuple(np.shape(value))

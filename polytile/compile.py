@@ -304,6 +304,8 @@ class CompiledFunction:
                                    self.fn.loc, "define the module with a cuda target")
         named = {**inputs, **outputs}
         for name, buffer in named.items():
+            if not buffer.nbytes:
+                continue            # an empty array's pointer may be null: nothing to read
             ordinal = (buffer.device if buffer.device is not None
                        else pointer_device(device, buffer.pointer))
             if ordinal != device.ordinal:

@@ -122,9 +122,12 @@ class DeviceCall:
         return next(iter(self.inputs.values()))
 
 
-def on_device(args: tuple[Any, ...]) -> bool:
-    """Whether any of a call's arguments is in CUDA memory (cheap for host arrays)."""
-    for a in args:
+def on_device(args: tuple[Any, ...], out: Any = None) -> bool:
+    """Whether any of a call's arguments or out= arrays is in CUDA memory (cheap for
+    host arrays)."""
+    outs = (() if out is None else tuple(out.values()) if isinstance(out, dict)
+            else tuple(out) if isinstance(out, (tuple, list)) else (out,))
+    for a in (*args, *outs):
         if type(a) is not np.ndarray and not isinstance(a, (int, float)) \
                 and (hasattr(a, "__cuda_array_interface__") or hasattr(a, "__dlpack_device__")):
             try:

@@ -51,8 +51,8 @@ class DeviceArray:
         device.make_current()
         handle = check(cu, cu.cuMemAlloc(max(1, self.nbytes)))
         self.pointer = int(handle)
-        # Freed with the object; the finalizer holds the driver, not the array.
-        self._free = weakref.finalize(self, cu.cuMemFree, handle)
+        # Freed with the object; the finalizer holds the device, not the array.
+        self._free = weakref.finalize(self, _free, device, handle)
         if zero and self.nbytes:
             check(cu, cu.cuMemsetD8(handle, 0, self.nbytes))
 
@@ -87,6 +87,11 @@ class DeviceArray:
     def __repr__(self) -> str:
         return (f"DeviceArray(shape={self.shape}, dtype={self.dtype}, "
                 f"device=cuda:{self.device.ordinal})")
+
+
+def _free(device: Device, handle: Any) -> None:
+    device.make_current()       # the thread collecting the array may have no context
+    device.driver.cuMemFree(handle)
 
 
 def pointer_device(device: Device, pointer: int) -> int:

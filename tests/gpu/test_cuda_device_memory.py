@@ -105,6 +105,19 @@ def test_outputs_the_kernel_does_not_write_in_full_start_as_zeros(emulated: Conf
 
 
 @emulation
+def test_the_gradient_runs_on_device_arrays(emulated: Config) -> None:
+    """polytile.grad's function checks its seeds' shapes without reading their memory."""
+    A, B, G = random(8, 6), random(5, 6, seed=1), random(8, 5, seed=2)
+    tmm_grad = pt.grad(pt.define(TMM, target="cuda-sm90", config=emulated).tmm).tmm_grad
+    want = pt.grad(pt.define(TMM, backend="interp").tmm).tmm_grad(A, B, G)
+    got = tmm_grad(*on_device(A, B, G))
+    assert len(got) == len(want) == 2
+    for g, w in zip(got, want):
+        assert isinstance(g, DeviceArray)
+        np.testing.assert_allclose(g.to_host(), w, rtol=1e-5, atol=1e-5)
+
+
+@emulation
 def test_a_strided_device_array_is_refused_with_a_hint(emulated: Config) -> None:
     """The kernels index dense row-major memory; a transposed view is not copied through
     the host behind the caller's back."""
@@ -131,6 +144,9 @@ def test_wrong_device_mixed_memory_dtype_and_shape_are_refused(emulated: Config)
         tmm(dA, B)
     with pytest.raises(ArgumentError, match="got B on cuda:0 and A in host memory"):
         tmm(A, dB)
+    (dC,) = on_device(np.zeros((8, 5), np.float32))
+    with pytest.raises(ArgumentError, match="got C on cuda:0 and A, B in host memory"):
+        tmm(A, B, out=dC)
     with pytest.raises(ArgumentError, match="A must have dtype float32, got float64"):
         tmm(doubles, dB)
     with pytest.raises(ArgumentError, match="size K is 6 from A but 4 from B"):
