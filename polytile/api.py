@@ -194,6 +194,7 @@ class TCFunction:
                                              kernel.output_types):
             given = call.outputs.get(o.name)
             if given is None:
+                self._check_not_inout(o)
                 native, given = device.allocate(call.first, gpu, shape, dtype, cleared)
             elif given.shape != shape:
                 raise ArgumentError(f"out= for {o.name} must have shape {shape}, got "
@@ -309,11 +310,7 @@ class TCFunction:
             shape = spec.shape(o.name)
             given = user.get(o.name)
             if given is None:
-                if o.name in self.fn.inout:
-                    raise ArgumentError(
-                        f"{o.name} is read before it is written (an in/out output): pass its "
-                        f"initial value with out=", o.loc,
-                        "or start the reduction from its identity with +=!, *=!, min=!, max=!")
+                self._check_not_inout(o)
                 native, outputs[o.name] = adapter.allocate(shape, o.dtype.numpy)
                 results.append(native)
                 continue
@@ -326,6 +323,15 @@ class TCFunction:
             outputs[o.name] = view
             results.append(given)
         return outputs, results
+
+
+    def _check_not_inout(self, o: P.Tensor) -> None:
+        """An output not given with out= must not be read before it is written."""
+        if o.name in self.fn.inout:
+            raise ArgumentError(
+                f"{o.name} is read before it is written (an in/out output): pass its "
+                f"initial value with out=", o.loc,
+                "or start the reduction from its identity with +=!, *=!, min=!, max=!")
 
 
 def _out_mapping(fn: P.Function, out: Any) -> dict[str, np.ndarray]:

@@ -30,8 +30,8 @@ SOFTMAX = ("def softmax(float(N,M) X) -> (Y) {\n  mx(n) max=! X(n,m)\n"
 SCALE = "def scale(float a, float(N) X) -> (Y) {\n  Y(n) = X(n) * a\n}\n"
 
 
-def reference(source: str, name: str, *args: object) -> np.ndarray:
-    return pt.define(source, backend="interp")[name](*args)
+def reference(source: str, name: str, *args: object, **options: object) -> np.ndarray:
+    return pt.define(source, backend="interp")[name](*args, **options)
 
 
 def random(*shape: int, seed: int = 0) -> np.ndarray:
@@ -89,6 +89,19 @@ def test_out_on_the_device_is_written_in_place(emulated: Config) -> None:
     np.testing.assert_allclose(dY.to_host(), reference(SCALE, "scale", -2.0, X))
     with pytest.raises(ArgumentError, match="input X and output Y share device memory"):
         scale(-2.0, dX, out=dX)
+
+
+@emulation
+def test_an_in_out_output_on_the_device_starts_from_out(emulated: Config) -> None:
+    src = "def acc(float(N,M) X) -> (S) {\n  S(m) += X(n,m)\n}\n"
+    X, S0 = random(9, 13, seed=6), random(13, seed=7)
+    acc = pt.define(src, target="cuda-sm90", config=emulated).acc
+    dX, dS = on_device(X, S0)
+    with pytest.raises(ArgumentError, match="S is read before it is written"):
+        acc(dX)
+    assert acc(dX, out=dS) is dS
+    np.testing.assert_allclose(dS.to_host(), reference(src, "acc", X, out=S0.copy()),
+                               rtol=1e-5, atol=1e-5)
 
 
 @emulation
