@@ -159,6 +159,11 @@ class CUDAKernel:
             err = np.zeros(4, np.int64)
             for host in (status, err):
                 device_copy(host, True)
+            # Work the callers queued for their device arrays on other streams is done
+            # before the launches (the legacy default stream waits only for blocking ones).
+            for stream in sorted({a.pending for a in given if isinstance(a, DeviceBuffer)
+                                  and a.pending is not None}):
+                check(cu, cu.cuStreamSynchronize(stream))
             # cuLaunchKernel takes the address of an array of the arguments' addresses.
             values = [np.array([int(p)], np.uint64) for p in pointers]
             args = np.array([v.ctypes.data for v in values], np.uint64)

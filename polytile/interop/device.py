@@ -46,6 +46,7 @@ class DeviceTensor:
     device: int | None                  # the ordinal; None: not said
     readonly: bool
     owner: Any = field(compare=False, repr=False)    # the caller's object
+    stream: int | None = None           # the CAI's stream (polytile.runtime.cuda_memory)
 
     @property
     def nbytes(self) -> int:
@@ -67,7 +68,7 @@ class DeviceTensor:
         return "a CUDA device" if self.device is None else f"cuda:{self.device}"
 
     def buffer(self) -> DeviceBuffer:
-        return DeviceBuffer(self.pointer, self.nbytes, self.device)
+        return DeviceBuffer(self.pointer, self.nbytes, self.device, self.stream)
 
 
 def device_tensor(value: Any) -> DeviceTensor | None:
@@ -91,11 +92,11 @@ def device_tensor(value: Any) -> DeviceTensor | None:
     if cai.get("mask") is not None:
         raise AdapterError("it is a masked device array")
     pointer, readonly = cai["data"]
-    strides = cai.get("strides")
+    strides, stream = cai.get("strides"), cai.get("stream")
     return DeviceTensor(int(pointer or 0), tuple(int(d) for d in cai["shape"]),
                         np.dtype(cai["typestr"]),
                         None if strides is None else tuple(int(s) for s in strides),
-                        ordinal, bool(readonly), value)
+                        ordinal, bool(readonly), value, None if stream is None else int(stream))
 
 
 def _dlpack_device(value: Any) -> tuple[int | None, int | None]:

@@ -31,11 +31,20 @@ KDL_CUDA_MANAGED = 13
 @dataclass(frozen=True)
 class DeviceBuffer:
     """Memory on a CUDA device that a kernel argument points at; `device` is the
-    ordinal, None when the caller's object did not say (the driver is asked)."""
+    ordinal, None when the caller's object did not say (the driver is asked); `stream`
+    the producer's stream whose work must finish before the kernel reads it (the CUDA
+    array interface's field: None or 1, the legacy default stream, which the launches
+    use, need no wait; 2 is the per-thread default stream)."""
 
     pointer: int
     nbytes: int
     device: int | None
+    stream: int | None = None
+
+    @property
+    def pending(self) -> int | None:
+        """The stream to synchronize before a launch on the legacy default stream."""
+        return None if self.stream in (None, 1) else self.stream
 
 
 class DeviceArray:

@@ -20,8 +20,8 @@ cuLaunchKernel passes them (params[i] is the address of argument i).
 cuMemAlloc hands out addresses of NumPy buffers (the emulation's "device pointers"),
 copies are memmoves, cuModuleLoadData takes the path of the shared object built here
 instead of a CUBIN, and cuLaunchKernel calls the launch's entry. It records what a test
-checks: the launches, the device pointers each launch was given, and the destinations
-of host-to-device copies.
+checks: the launches, the device pointers each launch was given, the destinations of
+host-to-device copies and the streams waited for.
 """
 from __future__ import annotations
 
@@ -148,6 +148,7 @@ class EmulatedDriver:
         self.launched: list[tuple[str, tuple[int, ...], tuple[int, ...]]] = []
         self.arguments: list[tuple[int, ...]] = []     # each launch's pointer arguments
         self.copied_to: list[int] = []                 # cuMemcpyHtoD's destinations
+        self.synchronized: list[int] = []              # cuStreamSynchronize's streams
 
     def cuCtxSetCurrent(self, context: Any) -> tuple:
         return _OK
@@ -211,6 +212,10 @@ class EmulatedDriver:
         self.arguments.append(tuple(ctypes.c_void_p.from_address(s).value or 0
                                     for s in slots))
         call(gx, gy, gz, bx, by, bz, ctypes.c_void_p(params))
+        return _OK
+
+    def cuStreamSynchronize(self, stream: int) -> tuple:
+        self.synchronized.append(int(stream))
         return _OK
 
     def cuCtxSynchronize(self) -> tuple:

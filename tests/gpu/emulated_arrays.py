@@ -26,6 +26,7 @@ class EmulatedCudaArray:
     strides: tuple[int, ...] | None = None
     ordinal: int = 0
     describe_device: bool = True     # False: only the CAI, as Numba's arrays
+    stream: int | None = None        # the CAI's stream: the producer's pending work
 
     @staticmethod
     def of(device: Device, host: np.ndarray, ordinal: int = 0,
@@ -40,7 +41,7 @@ class EmulatedCudaArray:
     @property
     def __cuda_array_interface__(self) -> dict[str, Any]:
         return {"shape": self.shape, "typestr": self.dtype.str, "strides": self.strides,
-                "data": (self.pointer, False), "version": 3, "stream": None}
+                "data": (self.pointer, False), "version": 3, "stream": self.stream}
 
     @property
     def __dlpack_device__(self) -> Any:

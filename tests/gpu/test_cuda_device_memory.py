@@ -9,6 +9,7 @@ DeviceArrays it made (skipped here, saying why)."""
 from __future__ import annotations
 
 import shutil
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -68,6 +69,21 @@ def test_softmax_on_device_agrees_with_the_reference(emulated: Config) -> None:
     (dX,) = on_device(X)
     np.testing.assert_allclose(softmax(dX).to_host(), reference(SOFTMAX, "softmax", X),
                                rtol=1e-5, atol=1e-6)
+
+
+@emulation
+def test_the_producers_stream_is_waited_for_before_the_launch(emulated: Config) -> None:
+    """The interface's `stream`: 1 (the legacy default stream, the one the launches use)
+    needs no wait; another stream is synchronized once before the launches."""
+    X = random(300, seed=3)
+    (dX,) = on_device(X)
+    scale = pt.define(SCALE, target="cuda-sm90", config=emulated).scale
+    driver = runtime.cuda_device().driver
+    scale(2.0, replace(dX, stream=1))
+    assert driver.synchronized == []
+    np.testing.assert_allclose(scale(2.0, replace(dX, stream=7)).to_host(),
+                               reference(SCALE, "scale", 2.0, X))
+    assert driver.synchronized == [7]
 
 
 @emulation
