@@ -9,7 +9,7 @@ An object is in device memory when `__dlpack_device__()` says kDLCUDA (2) or
 kDLCUDAManaged (13), or, lacking that method, when it has the CAI. Its pointer, shape,
 dtype and strides are read from the CAI; its device from `__dlpack_device__`, else
 (CAI has no device field) from the driver when the kernel runs. A DLPack producer of
-CUDA memory without the CAI is refused: reading a DLPack capsule is not done here.
+CUDA memory without the CAI is read through its capsule (polytile.interop.dlpack).
 
 `bind` takes one call's arguments: every tensor (inputs and out=) in device memory, or
 none (a call mixing them is an ArgumentError naming where each is); dtypes as the TC
@@ -28,6 +28,7 @@ import numpy as np
 
 from polytile.errors import ArgumentError, SourceLoc, UnsupportedError
 from polytile.interop.adapters import AdapterError, torch_dtype
+from polytile.interop.dlpack import read_capsule
 from polytile.runtime.cuda import Device
 from polytile.runtime.cuda_memory import KDL_CUDA, KDL_CUDA_MANAGED, DeviceArray, DeviceBuffer
 from polytile.sema import program as P
@@ -47,6 +48,7 @@ class DeviceTensor:
     readonly: bool
     owner: Any = field(compare=False, repr=False)    # the caller's object
     stream: int | None = None           # the CAI's stream (polytile.runtime.cuda_memory)
+    keep: Any = field(default=None, compare=False, repr=False)    # a DLPack capsule read
 
     @property
     def nbytes(self) -> int:
@@ -84,9 +86,7 @@ def device_tensor(value: Any) -> DeviceTensor | None:
     except AttributeError:
         if kind is None:
             return None
-        raise AdapterError(f"it is in CUDA memory (DLPack device type {kind}) but has no "
-                           "__cuda_array_interface__, which is how polytile reads device "
-                           "arrays") from None
+        return _from_capsule(value)
     except (RuntimeError, TypeError, ValueError) as e:     # torch: requires_grad, bfloat16
         raise AdapterError(f"its __cuda_array_interface__ cannot be read ({e})") from None
     if cai.get("mask") is not None:
@@ -97,6 +97,16 @@ def device_tensor(value: Any) -> DeviceTensor | None:
                         np.dtype(cai["typestr"]),
                         None if strides is None else tuple(int(s) for s in strides),
                         ordinal, bool(readonly), value, None if stream is None else int(stream))
+
+
+def _from_capsule(value: Any) -> DeviceTensor:
+    try:
+        t = read_capsule(value)
+    except (AttributeError, BufferError, RuntimeError, TypeError, ValueError) as e:
+        raise AdapterError(f"it is in CUDA memory, but its DLPack capsule cannot be read "
+                           f"({e})") from None
+    return DeviceTensor(t.pointer, t.shape, t.dtype, t.strides, t.device, False, value,
+                        keep=t.capsule)
 
 
 def _dlpack_device(value: Any) -> tuple[int | None, int | None]:
@@ -124,18 +134,16 @@ class DeviceCall:
 
 
 def on_device(args: tuple[Any, ...], out: Any = None) -> bool:
-    """Whether any of a call's arguments or out= arrays is in CUDA memory (cheap for
-    host arrays)."""
+    """Whether any of a call's arguments or out= arrays says it is in CUDA memory (cheap
+    for host arrays; nothing is read yet)."""
     outs = (() if out is None else tuple(out.values()) if isinstance(out, dict)
             else tuple(out) if isinstance(out, (tuple, list)) else (out,))
     for a in (*args, *outs):
-        if type(a) is not np.ndarray and not isinstance(a, (int, float)) \
-                and (hasattr(a, "__cuda_array_interface__") or hasattr(a, "__dlpack_device__")):
-            try:
-                if device_tensor(a) is not None:
-                    return True
-            except AdapterError:
-                return True         # in device memory, unreadable: bind says why
+        if type(a) is np.ndarray or isinstance(a, (int, float)):
+            continue
+        kind, _ = _dlpack_device(a)
+        if kind in _CUDA_KINDS or (kind is None and hasattr(a, "__cuda_array_interface__")):
+            return True
     return False
 
 

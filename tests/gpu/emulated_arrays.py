@@ -1,7 +1,9 @@
-"""A test double of a CUDA array (as CuPy's or Numba's): memory the emulated driver
-(tests/gpu/cuda_emulation.EmulatedDriver) allocated, described by
-`__cuda_array_interface__` and `__dlpack_device__` = (kDLCUDA, ordinal). It is not a
-device array of any library; it lets the launcher's device path run without a GPU."""
+"""Test doubles of CUDA arrays: memory the emulated driver
+(tests/gpu/cuda_emulation.EmulatedDriver) allocated, described as CuPy's or Numba's
+arrays do, by `__cuda_array_interface__` and `__dlpack_device__` = (kDLCUDA, ordinal)
+(EmulatedCudaArray), or only by a DLPack capsule saying kDLCUDA (DLPackOnlyArray, as
+TensorFlow's). They are no library's device arrays; they let the launcher's device path
+run without a GPU."""
 from __future__ import annotations
 
 import ctypes
@@ -62,3 +64,30 @@ class EmulatedCudaArray:
         nbytes = int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
         raw = (ctypes.c_char * nbytes).from_address(self.pointer)
         return np.frombuffer(raw, self.dtype).reshape(self.shape).copy()
+
+
+class DLPackOnlyArray:
+    """An EmulatedCudaArray exported only through `__dlpack__` (no CUDA array interface):
+    NumPy's capsule of the same memory with its device set to kDLCUDA. Records the
+    stream each export was asked for."""
+
+    def __init__(self, array: EmulatedCudaArray):
+        self.array = array
+        self.shape = array.shape
+        self.streams: list[int | None] = []
+
+    def __dlpack__(self, stream: int | None = None) -> Any:
+        self.streams.append(stream)
+        a = self.array
+        nbytes = int(np.prod(a.shape, dtype=np.int64)) * a.dtype.itemsize
+        raw = (ctypes.c_char * nbytes).from_address(a.pointer)
+        capsule = np.frombuffer(raw, a.dtype).reshape(a.shape).__dlpack__()
+        get = ctypes.pythonapi.PyCapsule_GetPointer
+        get.restype, get.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
+        # DLTensor: data (a pointer), then the device's type and id (two int32).
+        device = (ctypes.c_int32 * 2).from_address(get(capsule, b"dltensor") + 8)
+        device[0], device[1] = KDL_CUDA, a.ordinal
+        return capsule
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return (KDL_CUDA, self.array.ordinal)

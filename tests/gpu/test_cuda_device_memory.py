@@ -13,7 +13,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from gpu.emulated_arrays import EmulatedCudaArray
+from gpu.emulated_arrays import DLPackOnlyArray, EmulatedCudaArray
 
 import polytile as pt
 from polytile.config import Config
@@ -69,6 +69,22 @@ def test_softmax_on_device_agrees_with_the_reference(emulated: Config) -> None:
     (dX,) = on_device(X)
     np.testing.assert_allclose(softmax(dX).to_host(), reference(SOFTMAX, "softmax", X),
                                rtol=1e-5, atol=1e-6)
+
+
+@emulation
+def test_a_dlpack_only_producer_is_read_through_its_capsule(emulated: Config) -> None:
+    """No CUDA array interface: the capsule gives the pointer, asked for on stream 1
+    (the legacy default stream the launches use), and is not copied."""
+    A, B = random(9, 6), random(7, 6, seed=1)
+    dA, dB = (DLPackOnlyArray(a) for a in on_device(A, B))
+    assert not hasattr(dA, "__cuda_array_interface__")
+    tmm = pt.define(TMM, target="cuda-sm90", config=emulated).tmm
+    C = tmm(dA, dB)
+    np.testing.assert_allclose(C.to_host(), reference(TMM, "tmm", A, B), rtol=1e-5, atol=1e-5)
+    assert dA.streams == [1] and dB.streams == [1]
+    driver = runtime.cuda_device().driver
+    assert driver.arguments[-1][:3] == (dA.array.pointer, dB.array.pointer, C.pointer)
+    assert not {dA.array.pointer, dB.array.pointer} & set(driver.copied_to)
 
 
 @emulation
