@@ -28,7 +28,6 @@ import numpy as np
 
 from polytile.errors import ArgumentError, SourceLoc, UnsupportedError
 from polytile.interop.adapters import AdapterError, torch_dtype
-from polytile.interop.dlpack import read_capsule
 from polytile.runtime.cuda import Device
 from polytile.runtime.cuda_memory import KDL_CUDA, KDL_CUDA_MANAGED, DeviceArray, DeviceBuffer
 from polytile.sema import program as P
@@ -100,13 +99,13 @@ def device_tensor(value: Any) -> DeviceTensor | None:
 
 
 def _from_capsule(value: Any) -> DeviceTensor:
+    # Imported here: interop.dlpack builds DeviceTensors, so it imports this module.
+    from polytile.interop.dlpack import read_capsule
     try:
-        t = read_capsule(value)
+        return read_capsule(value)
     except (AttributeError, BufferError, RuntimeError, TypeError, ValueError) as e:
         raise AdapterError(f"it is in CUDA memory, but its DLPack capsule cannot be read "
                            f"({e})") from None
-    return DeviceTensor(t.pointer, t.shape, t.dtype, t.strides, t.device, False, value,
-                        keep=t.capsule)
 
 
 def _dlpack_device(value: Any) -> tuple[int | None, int | None]:

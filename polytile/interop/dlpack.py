@@ -1,7 +1,7 @@
 """Reading a DLPack capsule of CUDA memory: for producers that export `__dlpack__` but no
 `__cuda_array_interface__` (TensorFlow, PaddlePaddle, ...).
 
-    tensor = read_capsule(value)    (pointer, shape, dtype, byte strides, device, capsule)
+    tensor = read_capsule(value)    a DeviceTensor that keeps the capsule
 
 The capsule is asked for with `stream=1`: the consumer launches on the legacy default
 stream, so the producer makes the data ready there (the DLPack protocol's contract). It
@@ -13,10 +13,11 @@ consumer asks for no `max_version`).
 from __future__ import annotations
 
 import ctypes
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
+from polytile.interop.device import DeviceTensor
 
 _LEGACY_DEFAULT_STREAM = 1
 _KINDS = {0: "i", 1: "u", 2: "f", 6: "b"}     # kDLInt, kDLUInt, kDLFloat, kDLBool
@@ -41,18 +42,9 @@ _get_pointer.restype = ctypes.c_void_p
 _get_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
 
 
-@dataclass(frozen=True)
-class CapsuleTensor:
-    pointer: int
-    shape: tuple[int, ...]
-    dtype: np.dtype
-    strides: tuple[int, ...] | None      # in bytes; None: C-contiguous
-    device: int
-    capsule: Any                         # kept alive while the kernel reads the memory
-
-
-def read_capsule(value: Any) -> CapsuleTensor:
-    """The tensor `value.__dlpack__` describes; ValueError saying what cannot be read."""
+def read_capsule(value: Any) -> DeviceTensor:
+    """The tensor `value.__dlpack__` describes (holding the capsule); ValueError saying
+    what cannot be read."""
     try:
         capsule = value.__dlpack__(stream=_LEGACY_DEFAULT_STREAM)
     except TypeError:                  # a producer from before the stream argument
@@ -66,5 +58,5 @@ def read_capsule(value: Any) -> CapsuleTensor:
     shape = tuple(int(tensor.shape[k]) for k in range(tensor.ndim))
     strides = (None if not tensor.strides else
                tuple(int(tensor.strides[k]) * dtype.itemsize for k in range(tensor.ndim)))
-    return CapsuleTensor((tensor.data or 0) + tensor.byte_offset, shape, dtype, strides,
-                         int(tensor.device.device_id), capsule)
+    return DeviceTensor((tensor.data or 0) + tensor.byte_offset, shape, dtype, strides,
+                        int(tensor.device.device_id), False, value, keep=capsule)
