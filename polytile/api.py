@@ -18,6 +18,7 @@ from polytile import dtypes
 from polytile.config import Config, load_config, parse_sanitizers
 from polytile.deep import SHALLOW, call_deep
 from polytile.errors import ArgumentError, PolytileError
+from polytile.interop import device
 from polytile.interop.adapters import NUMPY, Adapter, AdapterError, adapter_for
 from polytile.lang.parser import parse
 from polytile.sema import program as P
@@ -144,23 +145,75 @@ class TCFunction:
 
     def _checked_call(self, args: tuple[Any, ...], out: Any) -> Any:
         """Bind and check the arguments, specialize and compile on a new shape, run."""
+        if device.on_device(args, out):
+            return self._device_call(args, out)
         inputs, scalars, adapter = self._bind_inputs(args)
-        key = self._bound_key(inputs, scalars)
-        spec = self._specs.get(key)
-        if spec is None:
-            shapes = {p.name: inputs[p.name].shape for p in self.fn.params
-                      if p.kind == "input"}
-            spec = specialize(self.fn, shapes, scalars)
-            self._specs[key] = spec
+        key, spec = self._specialized(inputs, scalars)
         outputs, results = self._bind_outputs(spec, out, adapter)
         if self.compiler is None:
             reference.run(spec, {**inputs, **scalars}, outputs)
         else:
-            kernel = self._kernels.get(key)
-            if kernel is None:
-                kernel = self._kernels[key] = self.compiler.compile(spec)
-            kernel.run(inputs, scalars, outputs)
+            self._compiled(key, spec).run(inputs, scalars, outputs)
         return results[0] if len(results) == 1 else tuple(results)
+
+    def _specialized(self, inputs: dict[str, Any], scalars: dict[str, Any]
+                     ) -> tuple[tuple, Specialized]:
+        """The key and specialization of bound arguments (anything with a shape)."""
+        key = self._bound_key(inputs, scalars)
+        spec = self._specs.get(key)
+        if spec is None:
+            shapes = {p.name: tuple(inputs[p.name].shape) for p in self.fn.params
+                      if p.kind == "input"}
+            spec = self._specs[key] = specialize(self.fn, shapes, scalars)
+        return key, spec
+
+    def _compiled(self, key: tuple, spec: Specialized) -> CompiledFunction:
+        assert self.compiler is not None
+        kernel = self._kernels.get(key)
+        if kernel is None:
+            kernel = self._kernels[key] = self.compiler.compile(spec)
+        return kernel
+
+    def _device_call(self, args: tuple[Any, ...], out: Any) -> Any:
+        """A call on CUDA device memory (polytile.interop.device): the tensors passed by
+        pointer, outputs allocated on the inputs' device unless given with out=."""
+        if len(args) != len(self.fn.params):
+            self._bind_inputs(args)         # raises the arity error
+        call = device.bind(self.fn, args, _out_mapping(self.fn, out), _scalar)
+        runs = self.host_runner()
+        if runs is not None:
+            name, tensor = next(iter(call.inputs.items()))
+            raise device.refused(self.name, name, tensor.where, runs, self.fn.loc)
+        key, spec = self._specialized(call.inputs, call.scalars)
+        kernel = self._compiled(key, spec)
+        gpu = kernel.device
+        assert gpu is not None, "a cuda target's kernel knows its device"
+        outputs: dict[str, Any] = {}
+        results: list[Any] = []
+        for o, cleared, (shape, dtype) in zip(self.fn.outputs, kernel.cleared,
+                                             kernel.output_types):
+            given = call.outputs.get(o.name)
+            if given is None:
+                self._check_not_inout(o)
+                native, given = device.allocate(call.first, gpu, shape, dtype, cleared)
+            elif given.shape != shape:
+                raise ArgumentError(f"out= for {o.name} must have shape {shape}, got "
+                                    f"{given.shape}", o.loc)
+            else:
+                native = given.owner
+            outputs[o.name] = given.buffer()
+            results.append(native)
+        kernel.run_device({n: t.buffer() for n, t in call.inputs.items()}, call.scalars,
+                          outputs)
+        return results[0] if len(results) == 1 else tuple(results)
+
+    def host_runner(self) -> str | None:
+        """None when this function runs on CUDA device memory (a cuda target), else
+        what runs it on host memory, in words ("target x86-avx2", "backend interp")."""
+        if self.compiler is None:
+            return f"backend {self.backend}"
+        target = self.compiler.target
+        return None if target.backend == "cuda" else f"target {target.name}"
 
     def _unknown_keywords(self, unknown: dict[str, Any]) -> ArgumentError:
         params = ", ".join(p.name for p in self.fn.params)
@@ -257,11 +310,7 @@ class TCFunction:
             shape = spec.shape(o.name)
             given = user.get(o.name)
             if given is None:
-                if o.name in self.fn.inout:
-                    raise ArgumentError(
-                        f"{o.name} is read before it is written (an in/out output): pass its "
-                        f"initial value with out=", o.loc,
-                        "or start the reduction from its identity with +=!, *=!, min=!, max=!")
+                self._check_not_inout(o)
                 native, outputs[o.name] = adapter.allocate(shape, o.dtype.numpy)
                 results.append(native)
                 continue
@@ -274,6 +323,15 @@ class TCFunction:
             outputs[o.name] = view
             results.append(given)
         return outputs, results
+
+
+    def _check_not_inout(self, o: P.Tensor) -> None:
+        """An output not given with out= must not be read before it is written."""
+        if o.name in self.fn.inout:
+            raise ArgumentError(
+                f"{o.name} is read before it is written (an in/out output): pass its "
+                f"initial value with out=", o.loc,
+                "or start the reduction from its identity with +=!, *=!, min=!, max=!")
 
 
 def _out_mapping(fn: P.Function, out: Any) -> dict[str, np.ndarray]:
@@ -374,7 +432,7 @@ class _SeededFunction(TCFunction):
         assert self.forward is not None
         n = len(self.forward.params)
         if len(args) == len(self.fn.params):
-            shapes = tuple(tuple(np.shape(a)) for a in args[:n])
+            shapes = tuple(_shape(a) for a in args[:n])
             expected = self._expected.get(shapes)
             if expected is None:
                 tensors = {p.name: s for p, s in zip(self.forward.params, shapes)
@@ -385,8 +443,14 @@ class _SeededFunction(TCFunction):
                 expected = self._expected[shapes] = tuple(spec.shape(o) for o in self.seeds)
             given = args[len(args) - len(self.seeds):]
             for name, want, arg in zip(self.seeds, expected, given):
-                if tuple(np.shape(arg)) != want:
+                if _shape(arg) != want:
                     raise ArgumentError(
-                        f"the gradient of {name} has shape {tuple(np.shape(arg))}, but "
+                        f"the gradient of {name} has shape {_shape(arg)}, but "
                         f"{self.forward.name} gives {name} the shape {want}", self.forward.loc)
         return super().__call__(*args, out=out, tune=tune, **unknown)
+
+
+def _shape(value: Any) -> tuple[int, ...]:
+    """An argument's shape without reading its memory (device arrays have no __array__)."""
+    shape = getattr(value, "shape", None)
+    return tuple(int(d) for d in shape) if shape is not None else tuple(np.shape(value))

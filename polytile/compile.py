@@ -26,12 +26,14 @@ from polytile.dtypes import overflow_limit, scalar_problem
 from polytile.analysis.overwrite import overwritten_first
 from polytile.backends import Backend, Generated, backend_for
 from polytile.codegen.cabi import ERR_INDEX, ERR_NOMEM
-from polytile.errors import (BuildError, KernelError, OutOfBoundsError, PolytileError,
-                             TuningEntryWarning)
+from polytile.errors import (ArgumentError, BuildError, KernelError, OutOfBoundsError,
+                             PolytileError, TuningEntryWarning, UnsupportedError)
 from polytile.ir import nodes as N
 from polytile.ir.lower import lower
 from polytile.ir.printer import format_function
 from polytile.runtime.cache import KernelCache, LoadedLibrary
+from polytile.runtime.cuda import Device
+from polytile.runtime.cuda_memory import DeviceBuffer, pointer_device
 from polytile.runtime.files import sha256_text
 from polytile.runtime.kernel import Runnable
 from polytile.runtime.key import CacheKey
@@ -282,6 +284,44 @@ class CompiledFunction:
         self._check(self.kernel(buffers))
         for original, contiguous in copies:
             original[...] = contiguous
+
+    @property
+    def device(self) -> Device | None:
+        """The CUDA device the kernel was loaded on, or None: a kernel that runs on
+        host memory only."""
+        device = getattr(self.kernel, "device", None)
+        return device if isinstance(device, Device) else None
+
+    def run_device(self, inputs: dict[str, DeviceBuffer], scalars: dict[str, Any],
+                   outputs: dict[str, DeviceBuffer]) -> None:
+        """Run on device memory, passed by pointer with no copy: `inputs` and `outputs`
+        hold C-contiguous memory of each tensor's shape and dtype (checked by the
+        caller, polytile.interop.device); here, that it is on the kernel's device and
+        that no input overlaps an output (the kernel's pointers are `restrict`)."""
+        device = self.device
+        if device is None:
+            raise UnsupportedError(f"{self.fn.name}'s kernel runs on host memory only",
+                                   self.fn.loc, "define the module with a cuda target")
+        named = {**inputs, **outputs}
+        for name, buffer in named.items():
+            if not buffer.nbytes:
+                continue            # an empty array's pointer may be null: nothing to read
+            ordinal = (buffer.device if buffer.device is not None
+                       else pointer_device(device, buffer.pointer))
+            if ordinal != device.ordinal:
+                raise ArgumentError(f"{name} is on cuda:{ordinal}, but {self.fn.name}'s "
+                                    f"kernel is loaded on cuda:{device.ordinal} "
+                                    f"({device.name})", self.fn.loc,
+                                    f"move {name} to cuda:{device.ordinal}")
+        for i, a in inputs.items():
+            for o, b in outputs.items():
+                if a.nbytes and b.nbytes and a.pointer < b.pointer + b.nbytes \
+                        and b.pointer < a.pointer + a.nbytes:
+                    raise ArgumentError(f"input {i} and output {o} share device memory",
+                                        self.fn.loc, f"pass a copy of {i}, or another out=")
+        buffers: list[Any] = [np.array(scalars[p.name], dtype=p.dtype.numpy)
+                              if p.kind == "scalar" else inputs[p.name] for p in self.fn.params]
+        self._check(self.kernel(buffers + [outputs[o.name] for o in self.fn.outputs]))
 
     def run_fast(self, args: tuple[Any, ...], out: Any = None) -> Any:
         if not self._fast_ok:

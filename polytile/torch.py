@@ -21,7 +21,11 @@ backward; the callable returns only the function's own outputs.
 
 Tensors reach the kernels as NumPy views of their memory and outputs are wrapped
 without a copy; non-contiguous inputs (a transpose, channels-last) are copied by the
-launcher first. CUDA tensors are refused until a GPU backend exists.
+launcher first. CUDA tensors run when the module's target is a cuda one (cuda-sm80,
+cuda-sm90): they are passed to the kernel by their device pointers (a non-contiguous
+one is made contiguous by torch, on the device, first) and the outputs are torch CUDA
+tensors on the same device (polytile.interop.device); with any other target they are
+refused with an UnsupportedError.
 """
 from __future__ import annotations
 
@@ -41,6 +45,7 @@ from polytile.autodiff import Backward, backward, forward_saving
 from polytile.compile import CompiledFunction
 from polytile.errors import ArgumentError, UnsupportedError
 from polytile.interop.adapters import torch_dtype, torch_view
+from polytile.interop.device import refused
 from polytile.interop.fx import Backend, backend
 from polytile.sema import program as P
 from polytile.sema.specialize import specialize
@@ -102,7 +107,7 @@ class _Op:
                                 self.fn.fn.loc)
         for p, a in zip(self.params, args):
             if p.kind == "input":
-                _check_tensor(a, p)
+                _check_tensor(a, p, self.fn)
         if torch.compiler.is_compiling():
             result = self.custom(*args)
         elif self.derived is not None and torch.is_grad_enabled() and any(
@@ -119,7 +124,8 @@ class _Op:
         ctx.save_for_backward(*[inputs[k] for k in self.tensors],
                               *[output[k] for k in self.saved])
         ctx.scalars = {k: inputs[k] for k, p in enumerate(self.params) if p.kind == "scalar"}
-        ctx.seed_shapes = [(output[k].shape, output[k].dtype) for k in self.seeds]
+        ctx.seed_shapes = [(output[k].shape, output[k].dtype, output[k].device)
+                           for k in self.seeds]
 
     def backward(self, ctx: Any, grads: tuple[Any, ...],
                  gradient: Callable[..., Any] | None = None) -> tuple[Any, ...]:
@@ -129,9 +135,9 @@ class _Op:
         args = [next(inputs) if p.kind == "input" else ctx.scalars[k]
                 for k, p in enumerate(self.params)]
         args += kept[len(self.tensors):]
-        for k, (shape, dtype) in zip(self.seeds, ctx.seed_shapes):
+        for k, (shape, dtype, device) in zip(self.seeds, ctx.seed_shapes):
             g = grads[k]
-            args.append(torch.zeros(shape, dtype=dtype) if g is None else g)
+            args.append(torch.zeros(shape, dtype=dtype, device=device) if g is None else g)
         result = gradient(*args) if gradient is not None else _run(self.gradient, args)
         result = result if isinstance(result, tuple) else (result,)
         return tuple(None if k is None else result[k] for k in self.gradient_of)
@@ -161,6 +167,12 @@ class _Eager(torch.autograd.Function):
 def _run(tc: TCFunction, args: tuple[Any, ...] | list[Any]) -> tuple[torch.Tensor, ...]:
     """`tc` on tensors, its outputs as tensors: the kernel compiled for these shapes on
     the tensors' data pointers, else through NumPy views of their memory."""
+    if any(isinstance(a, torch.Tensor) and a.device.type == "cuda" for a in args):
+        # The device path (polytile.interop.device) reads the CUDA array interface, which
+        # torch gives only for detached tensors, and takes C-contiguous memory.
+        result = tc(*[a.detach().contiguous() if isinstance(a, torch.Tensor) else a
+                      for a in args])
+        return result if isinstance(result, tuple) else (result,)
     compiled = tc.compiled(args)
     if compiled is not None and compiled.takes_addresses:
         result = _run_addresses(compiled, args)
@@ -223,13 +235,20 @@ def _tensor(array: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(array)
 
 
-def _check_tensor(value: Any, p: P.Tensor) -> None:
+def _check_tensor(value: Any, p: P.Tensor, tc: TCFunction) -> None:
     if not isinstance(value, torch.Tensor):
         raise ArgumentError(f"{p.name} must be a torch tensor, got {type(value).__name__}",
                             p.loc)
-    if value.device.type not in ("cpu", "meta"):
-        raise UnsupportedError(f"{p.name} is a {value.device.type} tensor, and polytile has "
-                               "no backend for that device yet", p.loc, "move it with .cpu()")
+    kind = value.device.type
+    if kind in ("cpu", "meta"):
+        return
+    if kind == "cuda":
+        runs = tc.host_runner()
+        if runs is not None:
+            raise refused(tc.name, p.name, str(value.device), runs, p.loc)
+        return
+    raise UnsupportedError(f"{p.name} is a {kind} tensor, and polytile has no backend for "
+                           "that device yet", p.loc, "move it with .cpu()")
 
 
 # ---------------------------------------------------------------- custom ops

@@ -15,8 +15,10 @@ so. `polytile show --stage cuda` prints the source with no NVRTC at all.
 `load` gives a CUDAKernel with the C kernels' calling convention (polytile.runtime.kernel):
 called with the parameters' NumPy arrays, it copies them to device memory, runs the
 launches in order on the default stream, copies the outputs back and reports a failed
-check. It has not run on a GPU yet (this project's machines have none); the OpenCL
-backend runs the same mapping, printed by the same printer, on PoCL.
+check. A parameter may instead be a DeviceBuffer (polytile.runtime.cuda_memory: memory
+already on the device, from polytile.interop.device), passed by its pointer with no
+copy either way. It has not run on a GPU yet (this project's machines have none); the
+OpenCL backend runs the same mapping, printed by the same printer, on PoCL.
 """
 from __future__ import annotations
 
@@ -36,6 +38,7 @@ from polytile.loops import nodes as L
 from polytile.loops.launch import Launch
 from polytile.loops.text import kernel_text
 from polytile.runtime.build import BuildResult
+from polytile.runtime.cuda_memory import DeviceBuffer
 from polytile.runtime.kernel import KernelFailure
 from polytile.runtime.toolchain import Toolchain
 from polytile.targets.target import Target
@@ -101,7 +104,7 @@ class CUDABackend:
 class CUDAKernel:
     """A loaded CUBIN and the launches that run one call of it."""
 
-    takes_addresses = False     # its buffers are copied to the device: arrays only
+    takes_addresses = False     # host memory is copied to the device: arrays only
 
     def __init__(self, device: Any, cubin: bytes, kernel: L.Kernel, plan: tuple[Launch, ...]):
         from polytile.runtime.cuda import check, load_module
@@ -124,32 +127,43 @@ class CUDAKernel:
                                        hint="lower gpu.dims, so the long index runs along x")
 
     def __call__(self, buffers: Sequence[Any]) -> KernelFailure | None:
+        """Run on the parameters' buffers: C-contiguous host arrays, copied to the device
+        and (outputs) back; or DeviceBuffers, device memory passed by its pointer with no
+        copy (the caller checked its shape, dtype, layout and device)."""
         from polytile.runtime.cuda import check
         cu = self.device.driver
         self.device.make_current()
-        arrays = [np.asarray(b) for b in buffers]
-        if not all(a.flags.c_contiguous for a in arrays):
+        given = [b if isinstance(b, DeviceBuffer) else np.asarray(b) for b in buffers]
+        if not all(isinstance(a, DeviceBuffer) or a.flags.c_contiguous for a in given):
             raise ArgumentError("a CUDA kernel takes contiguous arrays (the launcher copies "
                                 "strided ones first)")
-        pointers: list[Any] = []
+        pointers: list[Any] = []        # every argument's device pointer, in order
+        allocated: list[Any] = []       # those made here, freed at the end
         try:
-            for array in arrays:
-                pointer = check(cu, cu.cuMemAlloc(max(1, array.nbytes)))
+            def device_copy(host: np.ndarray, copy: bool) -> None:
+                pointer = check(cu, cu.cuMemAlloc(max(1, host.nbytes)))
+                allocated.append(pointer)
                 pointers.append(pointer)
-                if array.nbytes:
-                    check(cu, cu.cuMemcpyHtoD(pointer, array.ctypes.data, array.nbytes))
+                if copy and host.nbytes:
+                    check(cu, cu.cuMemcpyHtoD(pointer, host.ctypes.data, host.nbytes))
+
+            for a in given:
+                if isinstance(a, DeviceBuffer):
+                    pointers.append(a.pointer)
+                else:
+                    device_copy(a, True)
             for b in self.locals:
-                fill = np.full(max(1, b.size), np.nan if b.init == "nan" else 0, b.dtype.numpy)
-                pointer = check(cu, cu.cuMemAlloc(fill.nbytes))
-                pointers.append(pointer)
-                if b.init:
-                    check(cu, cu.cuMemcpyHtoD(pointer, fill.ctypes.data, fill.nbytes))
+                device_copy(np.full(max(1, b.size), np.nan if b.init == "nan" else 0,
+                                    b.dtype.numpy), bool(b.init))
             status = np.zeros(1, np.int32)
             err = np.zeros(4, np.int64)
             for host in (status, err):
-                pointer = check(cu, cu.cuMemAlloc(host.nbytes))
-                pointers.append(pointer)
-                check(cu, cu.cuMemcpyHtoD(pointer, host.ctypes.data, host.nbytes))
+                device_copy(host, True)
+            # Work the callers queued for their device arrays on other streams is done
+            # before the launches (the legacy default stream waits only for blocking ones).
+            for stream in sorted({a.pending for a in given if isinstance(a, DeviceBuffer)
+                                  and a.pending is not None}):
+                check(cu, cu.cuStreamSynchronize(stream))
             # cuLaunchKernel takes the address of an array of the arguments' addresses.
             values = [np.array([int(p)], np.uint64) for p in pointers]
             args = np.array([v.ctypes.data for v in values], np.uint64)
@@ -160,13 +174,13 @@ class CUDAKernel:
                     check(cu, cu.cuLaunchKernel(function, *grid, *block, 0, 0,
                                                 args.ctypes.data, 0))
             check(cu, cu.cuCtxSynchronize())
-            for param, array, pointer in zip(self.params, arrays, pointers):
-                if param.writable and array.nbytes:
-                    check(cu, cu.cuMemcpyDtoH(array.ctypes.data, pointer, array.nbytes))
+            for param, a, pointer in zip(self.params, given, pointers):
+                if param.writable and not isinstance(a, DeviceBuffer) and a.nbytes:
+                    check(cu, cu.cuMemcpyDtoH(a.ctypes.data, pointer, a.nbytes))
             check(cu, cu.cuMemcpyDtoH(status.ctypes.data, pointers[-2], status.nbytes))
             check(cu, cu.cuMemcpyDtoH(err.ctypes.data, pointers[-1], err.nbytes))
         finally:
-            for pointer in pointers:
+            for pointer in allocated:
                 cu.cuMemFree(pointer)
         if status[0] == 0:
             return None

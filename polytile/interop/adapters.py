@@ -15,7 +15,8 @@ tensors. Adapters shipped here: NumPy arrays, PyTorch tensors (CPU, any strides,
 bfloat16 included; outputs are torch tensors), then any object with `__dlpack__` (CPU
 memory) or the buffer protocol; both of the latter return NumPy outputs (a generic
 DLPack producer has no way to be asked for a new array). A framework adds its own with
-`register_adapter` (placed before the generic ones).
+`register_adapter` (placed before the generic ones). Arrays in CUDA memory never reach
+the adapters: the launcher sends them to polytile.interop.device first.
 """
 from __future__ import annotations
 

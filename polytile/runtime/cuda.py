@@ -158,6 +158,11 @@ class Device:
     def make_current(self) -> None:
         check(self.driver, self.driver.cuCtxSetCurrent(self.context))
 
+    @property
+    def ordinal(self) -> int:
+        """The device's number, as in `cuda:0`."""
+        return int(self.device)
+
 
 def check(driver: Any, result: Any) -> Any:
     """The values of a driver call's result tuple; a CUDA error is a KernelError."""

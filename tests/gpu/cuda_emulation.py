@@ -17,9 +17,11 @@ barriers some threads skip hangs here: it is wrong on a GPU too). Each launch ge
 cuLaunchKernel passes them (params[i] is the address of argument i).
 
 `EmulatedDriver` implements the driver calls CUDAKernel makes over host memory:
-cuMemAlloc hands out addresses of NumPy buffers, copies are memmoves, cuModuleLoadData
-takes the path of the shared object built here instead of a CUBIN, and cuLaunchKernel
-calls the launch's entry.
+cuMemAlloc hands out addresses of NumPy buffers (the emulation's "device pointers"),
+copies are memmoves, cuModuleLoadData takes the path of the shared object built here
+instead of a CUBIN, and cuLaunchKernel calls the launch's entry. It records what a test
+checks: the launches, the device pointers each launch was given, the destinations of
+host-to-device copies and the streams waited for.
 """
 from __future__ import annotations
 
@@ -121,7 +123,12 @@ def build(source: str, out: Path) -> Path:
 
 class CUresult(enum.Enum):
     CUDA_SUCCESS = 0
+    CUDA_ERROR_INVALID_VALUE = 1
     CUDA_ERROR_NO_BINARY_FOR_GPU = 209
+
+
+class CUpointer_attribute(enum.Enum):
+    CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL = 9
 
 
 _OK = (CUresult.CUDA_SUCCESS,)
@@ -132,12 +139,16 @@ class EmulatedDriver:
     """The driver calls CUDAKernel makes, over host memory (see the module docstring)."""
 
     CUresult = CUresult
+    CUpointer_attribute = CUpointer_attribute
 
     def __init__(self, cache_dir: Path, work_dir: Path) -> None:
         self.cache_dir = cache_dir          # where the kernel cache keeps CUBINs and sources
         self.work_dir = work_dir
         self.memory: dict[int, np.ndarray] = {}
         self.launched: list[tuple[str, tuple[int, ...], tuple[int, ...]]] = []
+        self.arguments: list[tuple[int, ...]] = []     # each launch's pointer arguments
+        self.copied_to: list[int] = []                 # cuMemcpyHtoD's destinations
+        self.synchronized: list[int] = []              # cuStreamSynchronize's streams
 
     def cuCtxSetCurrent(self, context: Any) -> tuple:
         return _OK
@@ -148,13 +159,16 @@ class EmulatedDriver:
             if binary.read_bytes() == image:
                 source = (binary.parent / "kernel.cu").read_text()
                 out = self.work_dir / f"{binary.parent.name}.so"
-                return (CUresult.CUDA_SUCCESS, ctypes.CDLL(str(build(source, out))))
+                library = ctypes.CDLL(str(build(source, out)))
+                arity = {name: len(types) for name, types in kernels(source)}
+                return (CUresult.CUDA_SUCCESS, (library, arity))
         raise AssertionError("a CUBIN that is in no cache entry")
 
     def cuModuleGetFunction(self, module: Any, name: bytes) -> tuple:
-        function = getattr(module, f"emu_{name.decode()}")
+        library, arity = module
+        function = getattr(library, f"emu_{name.decode()}")
         function.argtypes = [_LONG] * 6 + [ctypes.c_void_p]
-        return (CUresult.CUDA_SUCCESS, (name.decode(), function))
+        return (CUresult.CUDA_SUCCESS, (name.decode(), function, arity[name.decode()]))
 
     def cuMemAlloc(self, nbytes: int) -> tuple:
         block = np.full(nbytes, 0xA5, np.uint8)       # not zeroed, like device memory
@@ -166,8 +180,24 @@ class EmulatedDriver:
         return _OK
 
     def cuMemcpyHtoD(self, device: int, host: int, nbytes: int) -> tuple:
+        self.copied_to.append(int(device))
         ctypes.memmove(int(device), host, nbytes)
         return _OK
+
+    def cuMemsetD8(self, device: int, value: int, nbytes: int) -> tuple:
+        ctypes.memset(int(device), value, nbytes)
+        return _OK
+
+    def cuPointerGetAttribute(self, attribute: CUpointer_attribute, pointer: int) -> tuple:
+        """The device ordinal of memory handed out here (0); anything else is not device
+        memory, as the driver says of a host pointer."""
+        assert attribute is CUpointer_attribute.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL
+        if any(base <= pointer < base + block.nbytes for base, block in self.memory.items()):
+            return (CUresult.CUDA_SUCCESS, 0)
+        return (CUresult.CUDA_ERROR_INVALID_VALUE, None)
+
+    def cuGetErrorString(self, err: CUresult) -> tuple:
+        return (CUresult.CUDA_SUCCESS, err.name.encode())
 
     def cuMemcpyDtoH(self, host: int, device: int, nbytes: int) -> tuple:
         ctypes.memmove(host, int(device), nbytes)
@@ -175,9 +205,17 @@ class EmulatedDriver:
 
     def cuLaunchKernel(self, function: Any, gx: int, gy: int, gz: int, bx: int, by: int,
                        bz: int, shared: int, stream: int, params: int, extra: int) -> tuple:
-        name, call = function
+        name, call, arity = function
         self.launched.append((name, (gx, gy, gz), (bx, by, bz)))
+        # params[i] is the address of argument i, itself a device pointer.
+        slots = (ctypes.c_void_p * arity).from_address(params)
+        self.arguments.append(tuple(ctypes.c_void_p.from_address(s).value or 0
+                                    for s in slots))
         call(gx, gy, gz, bx, by, bz, ctypes.c_void_p(params))
+        return _OK
+
+    def cuStreamSynchronize(self, stream: int) -> tuple:
+        self.synchronized.append(int(stream))
         return _OK
 
     def cuCtxSynchronize(self) -> tuple:

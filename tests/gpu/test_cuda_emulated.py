@@ -9,13 +9,11 @@ run in the ordinary test run; the whole corpus is slow."""
 from __future__ import annotations
 
 import shutil
-from pathlib import Path
 
 import numpy as np
 import pytest
 from conformance.programs import CASES, Case
 from conformance.test_conformance import as_tuple, assert_agrees, relayout
-from gpu.cuda_emulation import emulated_device
 
 import polytile as pt
 from polytile.config import Config
@@ -24,15 +22,6 @@ from polytile.runtime import cuda as runtime
 
 PROBLEM = runtime.nvrtc_problem() or (None if shutil.which("g++") else "g++ (for the emulation)")
 pytestmark = pytest.mark.skipif(PROBLEM is not None, reason=f"the emulation needs {PROBLEM}")
-
-
-@pytest.fixture
-def emulated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Config:
-    """A configuration whose cuda kernels run on the emulated driver."""
-    config = Config(cache_dir=tmp_path / "cache")
-    device = emulated_device(tmp_path / "cache", tmp_path)
-    monkeypatch.setattr(runtime, "cuda_device", lambda: device)
-    return config
 
 
 def run(case: Case, config: Config, layout: str = "c") -> None:
