@@ -166,17 +166,6 @@ static inline pt_vf pt_verf(pt_vf x) {
   p = p * t + 0.254829592f;
   pt_vf y = 1.0f - p * t * pt_vexp(-(a * a));
   y = pt_vsel(neg, -y, y);
-  /* |x| < 1: x P(x^2), P of degree 6 fitted to erf(x)/x (least squares, relative
-     weights); 1 - (a value near 1) above would lose every digit of a small erf */
-  pt_vf z = x * x;
-  pt_vf q = pt_vsplat(7.898147305240855e-05f);
-  q = q * z - 8.024333510547876e-04f;
-  q = q * z + 5.190051160752773e-03f;
-  q = q * z - 2.6854807510972023e-02f;
-  q = q * z + 1.1283612251281738e-01f;
-  q = q * z - 3.761262893676758e-01f;
-  q = q * z + 1.128379225730896f;
-  y = pt_vsel(a < 1.0f, x * q, y);
   return pt_vsel(x != x, x, y);
 }
 static inline pt_vf pt_vsigmoid(pt_vf x) { return 1.0f / (1.0f + pt_vexp(-x)); }
