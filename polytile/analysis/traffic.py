@@ -13,24 +13,27 @@ counts as "kernels". The model, exact over the IR and blind to caches:
   that pass fuse's localize made private to a row or a thread) is not memory traffic.
 * **A pass** over memory is the whole kernel, or, for a stitched kernel, each phase on
   its own. Per pass and memory buffer, the bytes moved are the exact read footprint
-  (elements loaded over the pass's whole iteration space, from isl) plus the exact
-  write footprint, times the element size: a sub-view or a strided access counts the
-  elements it touches, not their bounding box; an element read by two members of one
-  row loop counts once (the row stays in cache between members, the premise of fusion).
+  plus the exact write footprint (sets of elements over the pass's whole iteration
+  space, from isl), times the element size: a sub-view or a strided access counts the
+  elements it touches, not their bounding box. Reads are the exposed ones: the pass's
+  statements run in order in each of its iterations (each row of a row loop), and an
+  element a statement reads that an earlier statement wrote in the same iteration is
+  not read from memory; an element two statements of one row read counts once. Both
+  are fusion's premise: the row stays in cache between its members.
 * **The model's rule on caches:** passes do not share caches. A buffer that two phases
   of a stitched kernel read counts twice even when it stays in L2, and a buffer one
   kernel writes and the next reads counts in both.
-* **Compulsory** bytes of a kernel: the read footprint of its inputs (buffers the
-  function receives, or that an earlier kernel writes) plus the write footprint of its
-  outputs (buffers the function returns, or that a later kernel reads), over the whole
-  kernel. The ratio is moved / compulsory.
+* **Compulsory** bytes of a kernel: the (exposed) read footprint of its inputs
+  (buffers the function receives, or that an earlier kernel writes) plus the write
+  footprint of its outputs (buffers the function returns, or that a later kernel
+  reads), over the whole kernel. The ratio is moved / compulsory.
 
 Not counted: the read half of an aggregating store (`+=` updates an element without a
-load in the IR; a reduction's accumulator is counted as written); data-dependent
+load in the IR; a reduction's accumulator counts as written), write-backs of lines a
+store only partly fills, and top-level statements that are not blocks. Data-dependent
 subscripts (gathers, pointer increments) and whole-buffer specials count the whole view
-they may touch, an upper bound; the stack, code and the tables of packed operands'
-addresses. What a kernel reads again from cache (a panel of a tiled contraction)
-counts once: a footprint is a set.
+they may touch, an upper bound. What a kernel reads again from cache (a panel of a
+tiled contraction) counts once: a footprint is a set.
 """
 from __future__ import annotations
 
@@ -39,8 +42,8 @@ from dataclasses import dataclass, replace
 
 import islpy as isl
 
-from polytile.ir.nodes import Block, Function, Statement
-from polytile.ir.polyhedra import READ, WRITE, Scope, parent_footprint, to_set
+from polytile.ir.nodes import Affine, Block, Function
+from polytile.ir.polyhedra import READ, WRITE, Conj, Scope, parent_footprint, to_set
 
 
 @dataclass(frozen=True)
@@ -67,57 +70,95 @@ def kernel_traffic(fn: Function) -> tuple[KernelTraffic, ...]:
     """The traffic of every kernel of `fn` (its body's statements), in order."""
     body = fn.body
     root = Scope.root(body)
-    memory = {r.into: r.shape.dtype.bits // 8 or 1 for r in body.refs}
+    width = {r.into: r.shape.dtype.bits // 8 or 1 for r in body.refs}
+    top = {name: _View(name, (0,) * len(body.ref(name).shape.dims)) for name in width}
     kernels = [st for st in body.stmts if isinstance(st, Block)]
-    whole = [_footprints(root.child(k), k.stmts, memory) for k in kernels]
+    whole = [_footprints(root.child(k), top) for k in kernels]
     inputs = {r.into for r in body.refs if r.dir == "in"}
     outputs = {name for name in fn.params if body.ref(name).dir in ("out", "inout")}
     result = []
     for n, kernel in enumerate(kernels):
-        written_before = {b for f in whole[:n] for b in f.writes}
-        read_after = {b for f in whole[n + 1:] for b in f.reads}
-        live_in = inputs | written_before
-        live_out = outputs | read_after
-        compulsory = (sum(_bytes(s, memory[b]) for b, s in whole[n].reads.items() if b in live_in)
-                      + sum(_bytes(s, memory[b]) for b, s in whole[n].writes.items()
+        live_in = inputs | {b for f in whole[:n] for b in f.writes}
+        live_out = outputs | {b for f in whole[n + 1:] for b in f.reads}
+        compulsory = (sum(_bytes(s, width[b]) for b, s in whole[n].reads.items() if b in live_in)
+                      + sum(_bytes(s, width[b]) for b, s in whole[n].writes.items()
                             if b in live_out))
         moved: dict[str, int] = {}
-        for part in _passes(kernel):
-            f = _footprints(root.child(kernel), part, memory)
+        for f in _passes(root.child(kernel), top):
             for sets in (f.reads, f.writes):
                 for b, s in sets.items():
-                    moved[b] = moved.get(b, 0) + _bytes(s, memory[b])
+                    moved[b] = moved.get(b, 0) + _bytes(s, width[b])
         result.append(KernelTraffic(kernel.name, sum(moved.values()), compulsory,
                                     tuple(moved.items())))
     return tuple(result)
 
 
-def _passes(kernel: Block) -> list[tuple[Statement, ...]]:
-    """The statements of each pass over memory: a stitched kernel's phases one by one,
-    any other kernel's statements all together."""
-    if kernel.schedule.stitch is not None or "stitched" in kernel.tags:
-        return [(st,) for st in kernel.stmts]
-    return [kernel.stmts]
+@dataclass(frozen=True)
+class _View:
+    """A refinement's buffer among the function's and the constant origin of its view."""
+
+    buffer: str
+    origin: tuple[int, ...]
 
 
-def _footprints(scope: Scope, stmts: Sequence[Statement],
-                memory: dict[str, int]) -> _Footprints:
-    """The footprints, in the coordinates of the function's buffers, of `stmts` run in
-    every iteration of scope's block (a kernel)."""
-    part = replace(scope, block=replace(scope.block, stmts=tuple(stmts)))
+def _passes(kernel: Scope, top: dict[str, _View]) -> list[_Footprints]:
+    """The footprints of each pass over memory: a stitched kernel's phases one by one,
+    any other kernel whole."""
+    block = kernel.block
+    if block.schedule.stitch is None and "stitched" not in block.tags:
+        return [_footprints(kernel, top)]
+    # A stitched block has no indices: its views of the function's buffers start at
+    # constant origins.
+    views = {r.into: _View(r.from_, tuple(a.const for a in r.access))
+             for r in block.refs if r.from_ in top}
+    return [_footprints(kernel.child(phase), views) if isinstance(phase, Block)
+            else _footprints(replace(kernel, block=replace(block, stmts=(phase,))), top)
+            for phase in block.stmts]
+
+
+def _footprints(scope: Scope, views: dict[str, _View]) -> _Footprints:
+    """The footprints, in the coordinates of the function's buffers, of scope's block
+    (a kernel or a phase), whose statements run in order in each of its iterations.
+    `views`: the buffers of its parent that are the function's. Reads are the exposed
+    ones: an element that an earlier statement wrote in the same iteration (a row of a
+    row loop) is not read from memory."""
     found: dict[str, dict[str, isl.Set]] = {READ: {}, WRITE: {}}
     for ref in scope.block.refs:
-        if ref.from_ not in memory:
+        view = views.get(ref.from_)
+        if view is None:
             continue
-        for mode, sets in found.items():
-            coords, pieces = parent_footprint(part, ref.into, mode)
-            if not pieces:
-                continue
-            points = to_set(part.variables + coords, [pieces]).project_out(
-                isl.dim_type.set, 0, len(part.variables))
-            earlier = sets.get(ref.from_)
-            sets[ref.from_] = points if earlier is None else earlier.union(points)
-    return _Footprints(found[READ], found[WRITE])
+        written: isl.Set | None = None
+        for st in scope.block.stmts:
+            part = replace(scope, block=replace(scope.block, stmts=(st,)))
+            reads, writes = (_points(part, ref.into, mode, view.origin) for mode in (READ, WRITE))
+            if reads is not None and written is not None:
+                reads = reads.subtract(written)
+            _add(found[READ], view.buffer, reads)
+            _add(found[WRITE], view.buffer, writes)
+            if writes is not None:
+                written = writes if written is None else written.union(writes)
+    n = len(scope.variables)
+    return _Footprints(*({b: points.project_out(isl.dim_type.set, 0, n)
+                          for b, points in found[mode].items()} for mode in (READ, WRITE)))
+
+
+def _points(part: Scope, ref: str, mode: str, origin: tuple[int, ...]) -> isl.Set | None:
+    """(iteration, element of the function's buffer) pairs that `part` reads or writes,
+    or None; the parent's view of the buffer starts at `origin`."""
+    coords, pieces = parent_footprint(part, ref, mode)
+    if not pieces:
+        return None
+    outer = tuple(f"y{d}" for d in range(len(coords)))
+    links = tuple(Affine.index(y) - Affine.index(x) - c
+                  for y, x, c in zip(outer, coords, origin))
+    shifted = tuple(Conj(p.hidden + coords, p.eqs + links, p.ineqs) for p in pieces)
+    return to_set(part.variables + outer, [shifted])
+
+
+def _add(sets: dict[str, isl.Set], buffer: str, points: isl.Set | None) -> None:
+    if points is not None and not points.is_empty():
+        earlier = sets.get(buffer)
+        sets[buffer] = points if earlier is None else earlier.union(points)
 
 
 def _bytes(points: isl.Set, width: int) -> int:
