@@ -15,7 +15,8 @@ model's sum over kernels, and per kernel where the C lines map to a top-level
 Not the same quantity, by design: cachegrind counts lines missed (a partly used line
 counts 64 bytes; a store's miss fetches the line, write-allocate) and no write-backs,
 and its last level keeps what one phase of a stitched kernel leaves for the next, which
-the model counts again. Lines of inlined helpers (exp, erf) count as "other". This is a
+the model counts again. Lines of the prelude's inlined helpers (vector loads and
+stores, exp, erf) count as "other": the per-kernel numbers are lower bounds. This is a
 benchmark, not a test: no test runs valgrind. Without valgrind it says so and exits 0.
 """
 from __future__ import annotations
