@@ -160,11 +160,16 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 def _show_plan(compiler, spec) -> None:  # type: ignore[no-untyped-def]
     """The fusion plan (polytile.graph): ops, scored patterns, the kernels chosen; the
-    ILP's solve time on stderr, so that the printed plan is the same on every run."""
+    ILP's solve time on stderr, so that the printed plan is the same on every run. Then
+    the memory traffic of each kernel of the IR built with the plan."""
+    from polytile.analysis.traffic import format_traffic, kernel_traffic
+    from polytile.compile import Compiler
     from polytile.graph.plan import format_plan, plan_fusion
 
     plan = plan_fusion(spec, compiler.target, compiler.config)
     print(format_plan(plan), end="")
+    planned = Compiler(compiler.config, compiler.target, options={"fuse.groups": plan.option})
+    print(format_traffic(kernel_traffic(planned.ir(spec))), end="")
     print(f"note: ILP solved in {plan.solve_seconds * 1e3:.1f} ms ({plan.rounds} solve(s))",
           file=sys.stderr)
 

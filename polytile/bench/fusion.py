@@ -41,6 +41,8 @@ class FusionRow:
     times: tuple[tuple[str, float], ...] = ()    # (implementation, median seconds)
     status: str = "ok"
     same_ir: bool = False       # the plan builds what "rows" builds: their ratio is noise
+    # The plan's kernel with the largest bytes moved / inputs + outputs (analysis.traffic)
+    traffic: tuple[str, float] | None = None
 
 
 def run(workloads: Sequence[Workload], options: TimingOptions, use_torch: bool = True,
@@ -67,12 +69,11 @@ def specialized(w: Workload, args: tuple[Any, ...]) -> Any:
     return specialize(fn, shapes, scalars)
 
 
-def compiled_call(spec: Any, options: dict[str, Any]) -> tuple[Callable[..., Any], int, str]:
+def compiled_call(spec: Any, options: dict[str, Any]) -> tuple[Callable[..., Any], int, Any]:
     """A NumPy-in, NumPy-out call of the function compiled with `options`, how many
-    top-level loop nests (kernels) its optimized IR has, and that IR's text."""
+    top-level loop nests (kernels) its optimized IR has, and that IR (ir.nodes.Function)."""
     from polytile.compile import Compiler
     from polytile.config import load_config
-    from polytile.ir.printer import format_function
     from polytile.targets.target import select_target
 
     config = load_config()
@@ -88,13 +89,15 @@ def compiled_call(spec: Any, options: dict[str, Any]) -> tuple[Callable[..., Any
         built.run(inputs, scalars, outs)
         values = tuple(outs[o.name] for o in fn.outputs)
         return values if len(values) > 1 else values[0]
-    return call, len(ir.body.stmts), format_function(ir)
+    return call, len(ir.body.stmts), ir
 
 
 def _run_one(w: Workload, options: TimingOptions, use_torch: bool, use_compile: bool,
              use_jax: bool, progress: Callable[[str], None]) -> FusionRow:
+    from polytile.analysis.traffic import KernelTraffic, kernel_traffic, largest
     from polytile.config import load_config
     from polytile.graph.plan import plan_fusion
+    from polytile.ir.printer import format_function
     from polytile.targets.target import select_target
 
     args = w.make_inputs(np.random.default_rng(0))
@@ -106,12 +109,15 @@ def _run_one(w: Workload, options: TimingOptions, use_torch: bool, use_compile: 
     calls: dict[str, Callable[[], Any]] = {"numpy": lambda: w.numpy(*args)}
     expected = _tuple(w.numpy(*args))
     kernels, texts = [], []
+    heaviest: KernelTraffic | None = None
     options_of: dict[str, dict[str, Any]] = {"rows": {}, "none": {"fuse.strategy": "none"},
                                              "plan": {"fuse.groups": plan.option}}
     for variant in VARIANTS:
-        call, count, text = compiled_call(spec, options_of[variant])
+        call, count, ir = compiled_call(spec, options_of[variant])
         kernels.append(count)
-        texts.append(text)
+        texts.append(format_function(ir))
+        if variant == "plan":
+            heaviest = largest(kernel_traffic(ir))
         got = _tuple(call(*args))
         for g, e in zip(got, expected):
             if not np.allclose(g, e, rtol=w.rtol, atol=w.atol):
@@ -150,7 +156,8 @@ def _run_one(w: Workload, options: TimingOptions, use_torch: bool, use_compile: 
     return FusionRow(w, len(plan.graph.ops), tuple(kernels), plan.groups, plan_seconds,
                      plan.solve_seconds, plan.rounds, plan.objective,
                      tuple((name, t.median) for name, t in timed.items()),
-                     same_ir=texts[0] == texts[1])
+                     same_ir=texts[0] == texts[1],
+                     traffic=(heaviest.name, heaviest.ratio) if heaviest else None)
 
 
 def _tuple(value: Any) -> tuple[np.ndarray, ...]:
@@ -213,7 +220,7 @@ def _numpy(value: Any) -> Any:
 
 
 def table(rows: Sequence[FusionRow]) -> tuple[list[str], list[list[str]]]:
-    head = ["workload", "ops", "kernels rows", "kernels plan", "plan", "ILP ms (solves)",
+    head = ["workload", "ops", "kernels rows", "kernels plan", "max traffic", "plan", "ILP ms (solves)",
             "numpy f64 ms", "torch ms", "inductor ms", "jax ms", "rows ms", "plan ms",
             "plan vs rows", "plan vs torch", "plan vs inductor", "plan vs jax",
             "none ms", "saved ms: model / measured"]
@@ -229,7 +236,8 @@ def table(rows: Sequence[FusionRow]) -> tuple[list[str], list[list[str]]]:
         inductor_ms = t.get("torch.compile")
         jax_ms = t.get("jax.jit")
         body.append([
-            r.workload.name, str(r.ops), str(r.kernels[0]), str(r.kernels[1]), plan,
+            r.workload.name, str(r.ops), str(r.kernels[0]), str(r.kernels[1]),
+            f"{r.traffic[1]:.2f}x ({r.traffic[0]})" if r.traffic else "n/a", plan,
             f"{r.ilp_seconds * 1e3:.1f} ({r.ilp_rounds})", f"{t['numpy'] * 1e3:.3f}",
             f"{torch_ms * 1e3:.3f}" if torch_ms else "n/a",
             f"{inductor_ms * 1e3:.3f}" if inductor_ms else "n/a",
@@ -270,12 +278,14 @@ def _geomeans(rows: Sequence[FusionRow]) -> list[list[str]]:
         mean = float(np.exp(np.mean(np.log(ratios))))
         cells.append(f"{mean:.2f}x" + ("" if len(ratios) == len(ok) else
                                        f" (of {len(ratios)})"))
-    return [["geomean", *[""] * 11, *cells, "", ""]]
+    return [["geomean", *[""] * 12, *cells, "", ""]]
 
 
 NOTE = ("Kernels are top-level loop nests of the optimized IR (hoisted initializations "
         "of column sums count); ops are TC statements, what a framework runs as one "
-        "kernel each. 'rows' is pass fuse's heuristic without a plan (the default); "
+        "kernel each. 'max traffic' is the plan's kernel with the largest ratio of bytes "
+        "moved to its inputs + outputs (exact footprints, no caches between a stitched "
+        "kernel's phases: polytile.analysis.traffic; issue 17's target is 1.2x). 'rows' is pass fuse's heuristic without a plan (the default); "
         "'plan' is the ILP plan of polytile.graph. Times are medians of blocks of calls "
         "(polytile.bench.timing); 'plan vs X' > 1 means the plan is faster. Where the plan "
         "builds the same IR as 'rows' (same IR), their ratio is the run's noise. 'numpy "

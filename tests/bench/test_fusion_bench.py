@@ -18,10 +18,12 @@ def test_table_shows_kernels_plan_and_ratios() -> None:
     row = FusionRow(logreg(37, 11), ops=8, kernels=(5, 3), groups=((0, 1, 2), (3,)),
                     plan_seconds=0.1, ilp_seconds=0.004, ilp_rounds=2,
                     times=(("numpy", 2e-3), ("polytile rows", 1e-3),
-                           ("polytile plan", 5e-4), ("torch eager", 1.5e-3)))
+                           ("polytile plan", 5e-4), ("torch eager", 1.5e-3)),
+                    traffic=("stitched_0", 1.254))
     head, (body,) = table([row])
     cells = dict(zip(head, body))
     assert cells["kernels rows"] == "5" and cells["kernels plan"] == "3"
+    assert cells["max traffic"] == "1.25x (stitched_0)"
     assert cells["plan"] == "{0,1,2} {3}" and cells["ILP ms (solves)"] == "4.0 (2)"
     assert cells["plan vs rows"] == "2.00x" and cells["plan vs torch"] == "3.00x"
     assert cells["inductor ms"] == "n/a" and cells["plan vs inductor"] == "n/a"
