@@ -17,9 +17,9 @@ implementation's speed; calls shorter than `min_sample_seconds` are timed in gro
 so that the clock's own cost stays out of the samples.
 
 Work that runs asynchronously (GPU kernels) is timed by passing `synchronize`, which
-waits for the device: it is called after each calibrating call, after a block's
-discarded calls and at the end of every timed group, before the clock is read, so a
-sample is the kernels' time, not their launches'.
+waits for the device: it is called before calibrating, after each calibrating call,
+after a block's discarded calls and at the end of every timed group, before the clock
+is read, so a sample is the kernels' time, not their launches'.
 """
 from __future__ import annotations
 
@@ -137,6 +137,7 @@ def _calibrate(fn: Callable[[], object], options: TimingOptions,
     every later block of this implementation a few calls long.
     """
     times: list[float] = []
+    synchronize()       # work queued before timing (the checking call) ends off the clock
     start = clock()
     while not times or (clock() - start < options.block_seconds / 10 and len(times) < 1000):
         t = clock()
