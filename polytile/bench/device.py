@@ -19,7 +19,7 @@ context, which torch shares: one wait covers both.
 The NumPy reference only checks here (a CPU time against a GPU time says nothing), and
 torch.compile is not run: the comparison issue 15 asks for is with torch eager's
 cuBLAS and cuDNN kernels. It has never run on a GPU: this project's machines have none,
-and the tests run it under the emulated driver API (tests/bench/test_bench_cuda.py).
+and the tests run it under the emulated driver API (tests/gpu/test_cuda_bench.py).
 """
 from __future__ import annotations
 
