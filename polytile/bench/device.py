@@ -44,11 +44,16 @@ class Placed:
 
 
 def on_cuda(target: str | None) -> bool:
-    """Whether `target` runs its kernels on a CUDA device."""
+    """Whether `target` runs its kernels on a CUDA device (the target's data only: the
+    host's features are the command's business)."""
     if target is None:
         return False
-    from polytile.targets.target import select_target
-    return select_target(target).backend == "cuda"
+    from polytile.errors import ArgumentError
+    from polytile.targets.target import load_target
+    try:
+        return load_target(target).backend == "cuda"
+    except ArgumentError:
+        return False    # an unknown target is polytile's FAILED row (polytile_function)
 
 
 def place_inputs(args: Arrays, use_torch: bool) -> Placed:
