@@ -16,7 +16,11 @@ directory), so a plain run leaves a clone clean. --latency instead measures firs
 cached-call and dispatch latency; --training times a training step of layers through
 polytile.torch.op against torch eager (polytile.bench.training); --fusion probes the
 fusion cost model and compares kernels and times without and with the fusion plan
-(polytile.bench.fusion). The exit status is 1 when
+(polytile.bench.fusion). With --target cuda-sm80/cuda-sm90 (a GPU run,
+polytile.bench.device) the inputs live on the device, polytile is timed against torch
+eager on the same CUDA tensors with every timed group synchronized, NumPy only checks,
+and no CPU peak is measured; a host without a device is refused before any work.
+The exit status is 1 when
 polytile gives a
 WRONG result anywhere; a workload polytile cannot compile is FAILED in the table.
 
@@ -73,7 +77,8 @@ def _target_fact(name: str) -> str:
     if target.backend == "cuda":
         from polytile.runtime.cuda import cuda_device
         device = cuda_device()
-        return f"{name} on {device.name} (compute capability {device.capability})"
+        capability = ".".join(map(str, device.capability))
+        return f"{name} on {device.name} (compute capability {capability})"
     if target.backend != "opencl":
         return target.identity
     from polytile.runtime.opencl import opencl_device
@@ -100,6 +105,7 @@ def results_path(write: bool | str) -> Path:
 
 def _throughput(args: argparse.Namespace, facts: dict[str, str], command: str,
                 date: str, busy: str) -> int:
+    from polytile.bench.device import on_cuda
     from polytile.bench.harness import COMPILED, run_workload
     from polytile.bench.peak import measure_peak
     from polytile.bench.report import (
@@ -116,15 +122,18 @@ def _throughput(args: argparse.Namespace, facts: dict[str, str], command: str,
         raise ArgumentError(f"no workload matches --only {','.join(args.only)}",
                             hint=f"workload families: {', '.join(families())}")
     options = TimingOptions.for_run(args.quick, args.repeats)
-    print("measuring peak ...", file=sys.stderr, flush=True)
     peak, peak_error = None, None
-    try:
-        peak = measure_peak(repeats=3 if args.quick else 5)
-        for line in peak.lines():
-            print(f"  {line}")
-    except Exception as e:  # noqa: BLE001 - the table is still worth having without a peak
-        peak_error = f"{type(e).__name__}: {e}"
-        print(f"  peak not measured: {peak_error}")
+    if on_cuda(args.target):
+        peak_error = "a GPU run (the host's FMA and STREAM peaks say nothing of the GPU)"
+    else:
+        print("measuring peak ...", file=sys.stderr, flush=True)
+        try:
+            peak = measure_peak(repeats=3 if args.quick else 5)
+            for line in peak.lines():
+                print(f"  {line}")
+        except Exception as e:  # noqa: BLE001 - the table is still worth having without it
+            peak_error = f"{type(e).__name__}: {e}"
+            print(f"  peak not measured: {peak_error}")
     rows = []
     start = time.perf_counter()
     for i, w in enumerate(workloads, 1):
@@ -155,7 +164,9 @@ def _throughput(args: argparse.Namespace, facts: dict[str, str], command: str,
         if args.target:
             notes.append(f"polytile target: {args.target}" + (
                 " (PoCL on the CPU: the times are functional, not a GPU performance claim)"
-                if args.target == "opencl" else ""))
+                if args.target == "opencl" else
+                " (inputs on the device, each timed group synchronized; torch eager on the "
+                "same CUDA tensors; NumPy only checks)" if on_cuda(args.target) else ""))
         if busy:
             notes.append(f"warning: {busy}")
         path = results_path(args.write)

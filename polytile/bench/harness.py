@@ -14,6 +14,11 @@ compiled once per workload by its first call, whose time is kept apart from the 
 as the outcome's `compile_seconds`. When compiling fails (no C++ compiler, an inductor
 error) the implementation is n/a with the error as the reason, not FAILED: the compiler
 of the comparison is missing, not an implementation broken.
+
+On a cuda target (a GPU run, polytile.bench.device) the inputs are placed on the device
+once, polytile and torch eager are called on them and every timed group ends with a
+device synchronize; the outputs of the checking call are copied back and compared with
+the NumPy reference, which is not timed; torch.compile is not run.
 """
 from __future__ import annotations
 
@@ -25,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from polytile.bench.device import Placed, host_arrays, on_cuda, place_inputs
 from polytile.bench.timing import Timing, TimingOptions, time_blocks
 from polytile.bench.workload import Arrays, Workload
 
@@ -84,18 +90,26 @@ def run_workload(workload: Workload, *, backend: str = "c", target: str | None =
     args = workload.make_inputs(np.random.default_rng(seed))
     expected = as_tuple(workload.numpy(*args))
     function, compile_error = polytile_function(workload, backend, target)
-    torch_args = _torch_inputs(args) if use_torch and workload.torch is not None else None
+    placed = place_inputs(args, use_torch) if on_cuda(target) else None
+    torch_args = (_torch_inputs(args) if placed is None and use_torch
+                  and workload.torch is not None else None)
     compiled = (_compile_torch(workload.torch, torch_args)
                 if use_compile and torch_args is not None and workload.torch is not None
                 else None)
-    variants = (FRESH, PREALLOCATED) if workload.memory_bound else (FRESH,)
+    # A GPU run has no out= rows: its outputs are allocated on the device per call.
+    variants = (FRESH, PREALLOCATED) if workload.memory_bound and not placed else (FRESH,)
     options = options or TimingOptions()
     timing_kw: dict[str, Any] = {k: v for k, v in (("clock", clock), ("sleep", sleep)) if v}
+    if placed is not None:
+        timing_kw["synchronize"] = placed.synchronize
     rows = []
     for variant in variants:
-        impls, outcomes = _impls(workload, variant, args, expected, function, torch_args,
-                                 compiled)
-        outcomes.update(_unused(workload, torch_args, use_torch, impls, outcomes))
+        if placed is not None:
+            impls, outcomes = _device_impls(workload, placed, function)
+        else:
+            impls, outcomes = _impls(workload, variant, args, expected, function, torch_args,
+                                     compiled)
+            outcomes.update(_unused(workload, torch_args, use_torch, impls, outcomes))
         if compile_error is not None:
             outcomes["polytile"] = Outcome("FAILED", compile_error)
         for name, impl in impls.items():
@@ -105,7 +119,7 @@ def run_workload(workload: Workload, *, backend: str = "c", target: str | None =
         for name, timing in _time(runnable, options, outcomes, timing_kw).items():
             outcomes[name] = replace(outcomes[name], timing=timing)
         rows.append(Row(workload, variant, {n: outcomes[n] for n in IMPLS}))
-    del args, expected, torch_args, compiled
+    del args, expected, torch_args, compiled, placed
     gc.collect()
     return rows
 
@@ -216,10 +230,10 @@ def _impls(workload: Workload, variant: str, args: Arrays, expected: Arrays, fun
         impls["numpy"] = _Impl(lambda: workload.numpy(*args), as_tuple)
         torch_fn = workload.torch
         if torch_args is not None and torch_fn is not None:
-            impls["torch"] = _Impl(lambda: torch_fn(*torch_args), _tensors_to_numpy)
+            impls["torch"] = _Impl(lambda: torch_fn(*torch_args), host_arrays)
             if compiled is not None and compiled.call is not None:
                 compiled_fn = compiled.call
-                impls[COMPILED] = _Impl(lambda: compiled_fn(*torch_args), _tensors_to_numpy,
+                impls[COMPILED] = _Impl(lambda: compiled_fn(*torch_args), host_arrays,
                                         compile_seconds=compiled.seconds)
             elif compiled is not None:
                 missing[COMPILED] = Outcome("n/a", compiled.error)
@@ -237,6 +251,25 @@ def _impls(workload: Workload, variant: str, args: Arrays, expected: Arrays, fun
             missing["torch"] = Outcome("n/a", "no out= version in torch eager")
         if compiled is not None:
             missing[COMPILED] = Outcome("n/a", "no out= version")
+    return impls, missing
+
+
+def _device_impls(workload: Workload, placed: Placed, function: Any
+                  ) -> tuple[dict[str, _Impl], dict[str, Outcome]]:
+    """A GPU run's implementations (polytile.bench.device): polytile and torch eager on the
+    same device inputs; NumPy only checks, torch.compile is not run."""
+    impls: dict[str, _Impl] = {}
+    missing = {"numpy": Outcome("n/a", "not timed in a GPU run (the reference only checks)"),
+               COMPILED: Outcome("n/a", "not run in a GPU run: the baseline is torch eager "
+                                        "(cuBLAS, cuDNN)")}
+    if function is not None:
+        impls["polytile"] = _Impl(lambda: function(*placed.inputs), host_arrays)
+    torch_fn, torch_args = workload.torch, placed.torch_inputs
+    if torch_fn is not None and torch_args is not None:
+        impls["torch"] = _Impl(lambda: torch_fn(*torch_args), host_arrays)
+    else:
+        missing["torch"] = Outcome("n/a", "no torch version" if torch_fn is None
+                                   else placed.torch_missing)
     return impls, missing
 
 
@@ -271,11 +304,6 @@ def _torch_preallocated(workload: Workload, torch_args: tuple[Any, ...],
             b.fill_(float("nan"))
     return _Impl(lambda: torch_out(*torch_args, out=buffers),
                  lambda _: tuple(b.numpy() for b in buffers), reset)
-
-
-def _tensors_to_numpy(value: Any) -> Arrays:
-    tensors = value if isinstance(value, (tuple, list)) else (value,)
-    return tuple(np.asarray(t.detach().cpu().numpy()) for t in tensors)
 
 
 # ------------------------------------------------------------------ checking and timing

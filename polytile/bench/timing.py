@@ -15,6 +15,11 @@ and the order of the implementations rotates from round to round, so none always
 runs first or right after a given other one. The calls per block adapt to the
 implementation's speed; calls shorter than `min_sample_seconds` are timed in groups
 so that the clock's own cost stays out of the samples.
+
+Work that runs asynchronously (GPU kernels) is timed by passing `synchronize`, which
+waits for the device: it is called before calibrating, after each calibrating call,
+after a block's discarded calls and at the end of every timed group, before the clock
+is read, so a sample is the kernels' time, not their launches'.
 """
 from __future__ import annotations
 
@@ -100,14 +105,16 @@ def rotation(names: Sequence[str], round_index: int) -> list[str]:
 def time_blocks(impls: Mapping[str, Callable[[], object]],
                 options: TimingOptions = TimingOptions(), *,
                 clock: Callable[[], float] = time.perf_counter,
-                sleep: Callable[[float], None] = time.sleep) -> dict[str, Timing]:
+                sleep: Callable[[float], None] = time.sleep,
+                synchronize: Callable[[], object] = lambda: None) -> dict[str, Timing]:
     """Time every implementation in blocks, rotating their order between rounds.
 
     Each implementation must already be warm (compiled, first call made); one more
     call here calibrates the block. An exception from an implementation propagates.
+    `synchronize` waits for asynchronous work (see the module docstring).
     """
     names = list(impls)
-    plans = {name: _calibrate(impls[name], options, clock) for name in names}
+    plans = {name: _calibrate(impls[name], options, clock, synchronize) for name in names}
     samples: dict[str, list[float]] = {name: [] for name in names}
     for r in range(options.rounds):
         for name in rotation(names, r):
@@ -116,23 +123,26 @@ def time_blocks(impls: Mapping[str, Callable[[], object]],
                 continue
             sleep(options.settle_seconds)
             samples[name].extend(_block(impls[name], plan, clock,
-                                        options.block_limit * options.block_seconds))
+                                        options.block_limit * options.block_seconds,
+                                        synchronize))
     return {name: Timing(tuple(samples[name]),
                          len(samples[name]) * plans[name].calls_per_sample) for name in names}
 
 
 def _calibrate(fn: Callable[[], object], options: TimingOptions,
-               clock: Callable[[], float]) -> _Plan:
+               clock: Callable[[], float], synchronize: Callable[[], object]) -> _Plan:
     """Estimate one call's time: the median of as many calls as fit in a tenth of a block.
 
     The median, so that one call that lost its core to another process does not make
     every later block of this implementation a few calls long.
     """
     times: list[float] = []
+    synchronize()       # work queued before timing (the checking call) ends off the clock
     start = clock()
     while not times or (clock() - start < options.block_seconds / 10 and len(times) < 1000):
         t = clock()
         fn()
+        synchronize()
         times.append(clock() - t)
     per_call = max(statistics.median(times), 1e-9)
     per_sample = max(1, math.ceil(options.min_sample_seconds / per_call))
@@ -146,10 +156,11 @@ def _calibrate(fn: Callable[[], object], options: TimingOptions,
 
 
 def _block(fn: Callable[[], object], plan: _Plan, clock: Callable[[], float],
-           limit_seconds: float) -> list[float]:
+           limit_seconds: float, synchronize: Callable[[], object]) -> list[float]:
     """Discarded calls, then the timed samples; cut short after `limit_seconds`."""
     for _ in range(plan.discard):
         fn()
+    synchronize()       # the discarded calls' work must not end inside the first sample
     out = []
     group = range(plan.calls_per_sample)
     begin = clock()
@@ -157,6 +168,7 @@ def _block(fn: Callable[[], object], plan: _Plan, clock: Callable[[], float],
         start = clock()
         for _ in group:
             fn()
+        synchronize()
         end = clock()
         out.append((end - start) / plan.calls_per_sample)
         if end - begin > limit_seconds:

@@ -239,6 +239,27 @@ def test_time_blocks_rotates_order_and_times_each_in_blocks() -> None:
     assert rotation(["x", "y", "z"], 1) == ["y", "z", "x"]
 
 
+def test_time_blocks_synchronizes_before_every_clock_read_after_calls() -> None:
+    """With `synchronize` (GPU runs), the clock that ends a calibrating call or a timed
+    group is read only after the device was waited for, and the discarded calls' work is
+    waited for before a block's first sample starts."""
+    events: list[str] = []
+
+    def clock() -> float:
+        events.append("clock")
+        return len(events) * 2.0 ** -12
+    options = TimingOptions(rounds=2, block_seconds=2.0 ** -8, settle_seconds=0.0,
+                            discard_calls=1, min_sample_seconds=0.0)
+    timings = time_blocks({"a": lambda: events.append("call")}, options, clock=clock,
+                          sleep=_no_sleep, synchronize=lambda: events.append("sync"))
+    assert timings["a"].samples
+    assert timings["a"].calls == len(timings["a"].samples)     # one call per group here
+    # every call (calibrating, discarded, timed) is waited for before the clock is read
+    for i, event in enumerate(events):
+        if event == "call":
+            assert events[i + 1:events.index("clock", i)][-1] == "sync", events[i - 2:i + 4]
+
+
 def test_percentile_interpolates_like_numpy() -> None:
     data = [5.0, 1.0, 4.0, 2.0, 3.0]
     for q in (0, 10, 50, 90, 100):

@@ -21,7 +21,8 @@ cuMemAlloc hands out addresses of NumPy buffers (the emulation's "device pointer
 copies are memmoves, cuModuleLoadData takes the path of the shared object built here
 instead of a CUBIN, and cuLaunchKernel calls the launch's entry. It records what a test
 checks: the launches, the device pointers each launch was given, the destinations of
-host-to-device copies and the streams waited for.
+host-to-device copies and the streams waited for; `events` lists launches, copies (with
+their sizes) and context synchronizes in the order they happened.
 """
 from __future__ import annotations
 
@@ -149,6 +150,8 @@ class EmulatedDriver:
         self.arguments: list[tuple[int, ...]] = []     # each launch's pointer arguments
         self.copied_to: list[int] = []                 # cuMemcpyHtoD's destinations
         self.synchronized: list[int] = []              # cuStreamSynchronize's streams
+        self.events: list[tuple[str, int]] = []        # ("launch" | "sync", 0), ("htod" |
+        #                                                "dtoh", bytes), in call order
 
     def cuCtxSetCurrent(self, context: Any) -> tuple:
         return _OK
@@ -181,6 +184,7 @@ class EmulatedDriver:
 
     def cuMemcpyHtoD(self, device: int, host: int, nbytes: int) -> tuple:
         self.copied_to.append(int(device))
+        self.events.append(("htod", nbytes))
         ctypes.memmove(int(device), host, nbytes)
         return _OK
 
@@ -200,6 +204,7 @@ class EmulatedDriver:
         return (CUresult.CUDA_SUCCESS, err.name.encode())
 
     def cuMemcpyDtoH(self, host: int, device: int, nbytes: int) -> tuple:
+        self.events.append(("dtoh", nbytes))
         ctypes.memmove(host, int(device), nbytes)
         return _OK
 
@@ -207,6 +212,7 @@ class EmulatedDriver:
                        bz: int, shared: int, stream: int, params: int, extra: int) -> tuple:
         name, call, arity = function
         self.launched.append((name, (gx, gy, gz), (bx, by, bz)))
+        self.events.append(("launch", 0))
         # params[i] is the address of argument i, itself a device pointer.
         slots = (ctypes.c_void_p * arity).from_address(params)
         self.arguments.append(tuple(ctypes.c_void_p.from_address(s).value or 0
@@ -219,6 +225,7 @@ class EmulatedDriver:
         return _OK
 
     def cuCtxSynchronize(self) -> tuple:
+        self.events.append(("sync", 0))
         return _OK
 
 
