@@ -75,3 +75,39 @@ def test_a_row_larger_than_half_of_l2_is_left_alone() -> None:
     small = replace(GENERIC, cache_bytes=tuple(sorted(caches.items())))
     assert rowbuffer(before, small, {}) == before
     assert rowbuffer(before, GENERIC, {"enabled": False}) == before
+
+
+# The variational encoder's shape: h comes from a contraction of its own (its weights
+# exceed half of L1, so it keeps its tiled loop nest), the row loop rewrites it in place
+# and reads it back; nothing after the loop reads h, so the loop need not write it.
+HIDDEN = """
+def hidden(float(N,I) X, float(H,I) W, float(H) b, float(Z,H) V) -> (Y) {
+  h(n,j) +=! X(n,i) * W(j,i)
+  h(n,j) = fmaxf(h(n,j) + b(j), 0)
+  Y(n,z) +=! h(n,j) * V(z,j)
+}
+"""
+HIDDEN_SHAPES = {"X": (5, 80), "W": (64, 80), "b": (64,), "V": (3, 64)}
+
+
+def _fused_block(fn: N.Function) -> N.Block:
+    [block] = [s for s in fn.body.stmts if isinstance(s, N.Block) and "fused" in s.tags]
+    return block
+
+
+def test_a_temporary_dead_after_the_loop_is_not_written_back() -> None:
+    before = _fused(HIDDEN, HIDDEN_SHAPES)
+    assert _fused_block(before).ref("h").dir == "inout"
+    after = rowbuffer(before, GENERIC, {})
+    check_pass("rowbuffer_hidden", before, after)
+    assert _fused_block(after).ref("h").dir == "in"
+    assert "h_row" in _locals(after)
+
+
+def test_a_temporary_read_after_the_loop_is_written_back() -> None:
+    # The same loop, with h read (transposed: no row loop takes it) after it.
+    later = HIDDEN.replace("-> (Y) {", "-> (Y, T) {").replace(
+        "  Y(n,z) +=! h(n,j) * V(z,j)\n", "  Y(n,z) +=! h(n,j) * V(z,j)\n  T(j,n) = h(n,j)\n")
+    before = _fused(later, HIDDEN_SHAPES)
+    assert isinstance(before.body.stmts[-1], N.Block) and "fused" not in before.body.stmts[-1].tags
+    assert rowbuffer(before, GENERIC, {}) == before
