@@ -36,7 +36,7 @@ from polytile.codegen.cops import VECTOR_IDENTITIES
 from polytile.errors import IRError
 from polytile.ir.nodes import Affine, Block, Constant, Intrinsic, Load, LoadIndex, Store
 from polytile.loops import nodes as L
-from polytile.loops.views import Scope, child_view, fixed_indices, resolve, safe
+from polytile.loops.views import Scope, View, child_view, fixed_indices, resolve, safe
 
 if TYPE_CHECKING:
     from polytile.loops.lower import Lowering
@@ -494,7 +494,7 @@ class _Emitter:
         return var, True
 
 
-def _consecutive(views: list, k: int, lanes: int) -> int:
+def _consecutive(views: list[View], k: int, lanes: int) -> int:
     """How many of the views from the k-th on, a power of two and at most `lanes`, are
     consecutive elements of one buffer."""
     n = 1
@@ -504,7 +504,7 @@ def _consecutive(views: list, k: int, lanes: int) -> int:
     return 1 << (n.bit_length() - 1)
 
 
-def _lane_sums(accs: list[str], p: _Plan, low: "Lowering", out: list[L.Stmt]) -> str:
+def _lane_sums(accs: list[str], p: _Plan, low: Lowering, out: list[L.Stmt]) -> str:
     """A vector whose lane j < len(accs) is the sum of vector accs[j]'s lanes (len(accs)
     a power of two, at most `lanes`): pairs of vectors exchange blocks of w lanes and
     add, w = 1, 2, 4, ... (len(accs) - 1 adds in all), then the halves of the result fold

@@ -110,12 +110,7 @@ def _buffer(fused: N.Block, name: str, budget: int) -> N.Block | None:
     earlier = tuple(_moved(s, name, local) if k < toucher[-1] else s
                     for k, s in enumerate(fused.stmts))
     stmts = earlier[:toucher[-1]] + (_split(last, views[0], local),) + earlier[toucher[-1] + 1:]
-    refs = tuple(replace(r, dir="out") if r.into == name else r for r in fused.refs)
-    whole = N.Refinement("none", "", local, top.access, top.shape, "assign", "local")
-    result = shrink_to_row(replace(fused, refs=refs + (whole,), stmts=stmts), local, dim, whole)
-    if local not in overwritten_first(result, nested=True):
-        return None
-    return result
+    return _with_local(fused, name, "out", local, dim, stmts)
 
 
 def _unwritten(fused: N.Block, name: str, budget: int) -> N.Block | None:
@@ -137,12 +132,19 @@ def _unwritten(fused: N.Block, name: str, budget: int) -> N.Block | None:
     stmts = tuple(_moved(s, name, local) if k > first else s
                   for k, s in enumerate(fused.stmts))
     stmts = stmts[:first] + (_split(writer, views[0], local, first=True),) + stmts[first + 1:]
-    refs = tuple(replace(r, dir="in") if r.into == name else r for r in fused.refs)
+    return _with_local(fused, name, "in", local, dim, stmts)
+
+
+def _with_local(fused: N.Block, name: str, direction: str, local: str, dim: int,
+                stmts: tuple[N.Statement, ...]) -> N.Block | None:
+    """`fused` with members `stmts`, its view `name` now `direction`, and `local` a
+    one-row local of the view's shape; None unless every element of the local is
+    written before it is read (nothing the caller left in the buffer is needed)."""
+    top = fused.ref(name)
+    refs = tuple(replace(r, dir=direction) if r.into == name else r for r in fused.refs)
     whole = N.Refinement("none", "", local, top.access, top.shape, "assign", "local")
     result = shrink_to_row(replace(fused, refs=refs + (whole,), stmts=stmts), local, dim, whole)
-    if local not in overwritten_first(result, nested=True):
-        return None
-    return result
+    return result if local in overwritten_first(result, nested=True) else None
 
 
 def _row_bytes(top: N.Refinement, dim: int) -> int:
@@ -192,7 +194,8 @@ def _split(member: N.Block, view: N.Refinement, local: str, first: bool = False
     local."""
     source, target = (view.from_, local) if first else (local, view.from_)
     if view.dir == "out":
-        return _moved(member, view.from_, target)
+        return replace(member, refs=tuple(replace(r, from_=target) if r is view else r
+                                          for r in member.refs))
     into = _fresh(member, local)
     loads = tuple(replace(s, ref=into) if isinstance(s, N.Load) and s.ref == view.into
                   else s for s in member.stmts)
