@@ -512,20 +512,25 @@ def _lane_sums(accs: list[str], p: _Plan, low: Lowering, out: list[L.Stmt]) -> s
     shuffles and adds each."""
     n, level, w = p.lanes, list(accs), 1
 
-    def add(a: str, b: str, lo: tuple[int, ...], hi: tuple[int, ...]) -> str:
-        x, y, z = low.fresh("v"), low.fresh("v"), low.fresh("v")
-        out.extend([L.Let(x, p.vtype, L.Shuffle(a, b, lo)),
-                    L.Let(y, p.vtype, L.Shuffle(a, b, hi)),
-                    L.Let(z, p.vtype, L.Combine("add", x, y))])
-        return z
+    def shuffled(a: str, b: str, lanes: tuple[int, ...]) -> str:
+        name = low.fresh("v")
+        out.append(L.Let(name, p.vtype, L.Shuffle(a, b, lanes)))
+        return name
+
+    def add(x: str, y: str) -> str:
+        name = low.fresh("v")
+        out.append(L.Let(name, p.vtype, L.Combine("add", x, y)))
+        return name
     while len(level) > 1:
-        level = [add(a, b, tuple(j if (j // w) % 2 == 0 else n + j - w for j in range(n)),
-                     tuple(j + w if (j // w) % 2 == 0 else n + j for j in range(n)))
+        level = [add(shuffled(a, b, tuple(j if (j // w) % 2 == 0 else n + j - w
+                                          for j in range(n))),
+                     shuffled(a, b, tuple(j + w if (j // w) % 2 == 0 else n + j
+                                          for j in range(n))))
                  for a, b in zip(level[0::2], level[1::2])]
         w *= 2
     total, half = level[0], n // 2
     while half >= len(accs):
-        total = add(total, total, tuple(range(n)),
-                    tuple(j + half if j < half else j for j in range(n)))
+        total = add(total, shuffled(total, total, tuple(j + half if j < half else j
+                                                        for j in range(n))))
         half //= 2
     return total
