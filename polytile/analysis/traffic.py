@@ -84,7 +84,7 @@ def kernel_traffic(fn: Function) -> tuple[KernelTraffic, ...]:
                       + sum(_bytes(s, width[b]) for b, s in whole[n].writes.items()
                             if b in live_out))
         moved: dict[str, int] = {}
-        for f in _passes(root.child(kernel), top):
+        for f in _passes(root.child(kernel), top, whole[n]):
             for sets in (f.reads, f.writes):
                 for b, s in sets.items():
                     moved[b] = moved.get(b, 0) + _bytes(s, width[b])
@@ -101,12 +101,12 @@ class _View:
     origin: tuple[int, ...]
 
 
-def _passes(kernel: Scope, top: dict[str, _View]) -> list[_Footprints]:
+def _passes(kernel: Scope, top: dict[str, _View], whole: _Footprints) -> list[_Footprints]:
     """The footprints of each pass over memory: a stitched kernel's phases one by one,
-    any other kernel whole."""
+    any other kernel whole (`whole`, its footprints, already found)."""
     block = kernel.block
     if block.schedule.stitch is None and "stitched" not in block.tags:
-        return [_footprints(kernel, top)]
+        return [whole]
     # A stitched block has no indices: its views of the function's buffers start at
     # constant origins.
     views = {r.into: _View(r.from_, tuple(a.const for a in r.access))

@@ -220,9 +220,9 @@ def _numpy(value: Any) -> Any:
 
 
 def table(rows: Sequence[FusionRow]) -> tuple[list[str], list[list[str]]]:
-    head = ["workload", "ops", "kernels rows", "kernels plan", "max traffic", "plan", "ILP ms (solves)",
-            "numpy f64 ms", "torch ms", "inductor ms", "jax ms", "rows ms", "plan ms",
-            "plan vs rows", "plan vs torch", "plan vs inductor", "plan vs jax",
+    head = ["workload", "ops", "kernels rows", "kernels plan", "max traffic", "plan",
+            "ILP ms (solves)", "numpy f64 ms", "torch ms", "inductor ms", "jax ms", "rows ms",
+            "plan ms", "plan vs rows", "plan vs torch", "plan vs inductor", "plan vs jax",
             "none ms", "saved ms: model / measured"]
     body = []
     for r in rows:
@@ -285,7 +285,8 @@ NOTE = ("Kernels are top-level loop nests of the optimized IR (hoisted initializ
         "of column sums count); ops are TC statements, what a framework runs as one "
         "kernel each. 'max traffic' is the plan's kernel with the largest ratio of bytes "
         "moved to its inputs + outputs (exact footprints, no caches between a stitched "
-        "kernel's phases: polytile.analysis.traffic; issue 17's target is 1.2x). 'rows' is pass fuse's heuristic without a plan (the default); "
+        "kernel's phases: polytile.analysis.traffic; issue 17's target is 1.2x). 'rows' "
+        "is pass fuse's heuristic without a plan (the default); "
         "'plan' is the ILP plan of polytile.graph. Times are medians of blocks of calls "
         "(polytile.bench.timing); 'plan vs X' > 1 means the plan is faster. Where the plan "
         "builds the same IR as 'rows' (same IR), their ratio is the run's noise. 'numpy "
