@@ -265,16 +265,25 @@ def _unroll_picks(block: N.Block, parallel: list[str], vector: str,
                   loops: dict[str, int]) -> list[str]:
     """The (at most two) parallel indices a register tile unrolls: those that most
     inputs do not use (each load then feeds that many multiply-adds); of equal reuse,
-    the index whose rows lie closest in memory, so the tile's loads share cache lines (a
-    convolution's neighbouring output rows, 30 floats apart, rather than images 230400
-    floats apart)."""
+    the index whose rows lie closest in memory (in bytes), so the tile's loads share
+    cache lines (a convolution's neighbouring output rows, 30 floats apart, rather than
+    images 230400 floats apart)."""
     inputs = [r for r in block.refs if r.dir == "in"]
     reuse = {n: sum(1 for r in inputs if not any(a.coeff(n) for a in r.access))
              for n in parallel if n != vector and loops[n] > 1}
-    spread = {n: max((abs(a.coeff(n)) * d.stride for r in inputs
-                      for a, d in zip(r.access, r.shape.dims)), default=0) for n in reuse}
-    return sorted((n for n in reuse if reuse[n] > 0),
-                  key=lambda n: (-reuse[n], spread[n], n))[:2]
+    spread = {n: max((abs(a.coeff(n)) * d.stride * max(1, r.shape.dtype.bits // 8)
+                      for r in inputs for a, d in zip(r.access, r.shape.dims)), default=0)
+              for n in reuse}
+    picks = sorted((n for n in reuse if reuse[n] > 0), key=lambda n: (-reuse[n], spread[n], n))[:2]
+    # A second index whose rows lie a page or more apart (a batch: images of a 1x1
+    # convolution, 800 KB apart), other than the panels of a packed operand, would give
+    # each unrolled copy its own stream of pages and leave the batch too few tiles to
+    # share among the threads; one index and two vectors (6x16) run it as a GEMM per
+    # image.
+    if (len(picks) == 2 and spread[picks[1]] >= PAGE_BYTES
+            and picks[1] != panel_index(vector)):
+        picks = picks[:1]
+    return picks
 
 
 def _accumulators(target: Target, vectors: int) -> int:

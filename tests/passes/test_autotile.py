@@ -141,3 +141,19 @@ def test_rows_shorter_than_a_pair_take_one_pair_on_avx2() -> None:
     wide = choose_schedule(block(lowered(tmm, {"A": (64, 32), "B": (1024, 32)}), "s0"),
                            target("cpu-avx2"))
     assert wide.vectors == 1
+
+
+def test_a_batch_index_is_not_unrolled_with_the_broadcast_one() -> None:
+    # A 1x1 convolution as a batched GEMM: the image index n and the output channel k
+    # each save one input's loads. Unrolling both (3 images x 4 channels, one vector)
+    # gave each unrolled image its own stream of pages, and 8 images in tiles of 3 left
+    # two threads 2:1 work; one index and two vectors (6x16) run a GEMM per image.
+    conv = "def c(float(N,C,P) X, float(C,K) W) -> (O) {\n  O(n,k,p) +=! X(n,c,p) * W(c,k)\n}\n"
+    before = lowered(conv, {"X": (8, 64, 784), "W": (64, 64)})
+    schedule = choose_schedule(block(before, "s0"), target("cpu-avx2"))
+    assert (schedule.vector, schedule.vectors, schedule.unroll) == ("p", 2, (("k", 6),))
+    # Rows closer than a page (a convolution's neighbouring output rows) still pair up.
+    rows = choose_schedule(block(lowered(GCONV, {"I": (2, 3, 4, 14, 14),
+                                                 "W1": (3, 5, 4, 3, 3)}), "s0"),
+                           target("cpu-avx2"))
+    assert len(rows.unroll) == 2 and "n" not in dict(rows.unroll)
