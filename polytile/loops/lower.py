@@ -135,6 +135,9 @@ class Lowering:
         self.sizes: dict[str, tuple[int, ...]] = {}
         # Top-level locals a lowering of a nested block keeps between calls (`L.Kept`).
         self.kept: list[L.Buffer] = []
+        # Each loop variable's range, [0, range): the vector code's lane counts that the
+        # ranges of the loops around it decide are constants (`vector._lanes`).
+        self.loop_ranges: dict[str, int] = {}
 
     def fresh(self, prefix: str) -> str:
         number = self.counters[prefix]
@@ -223,6 +226,7 @@ class Lowering:
         space = iteration_space(blk, outer.idx, lambda: self.fresh("i"))
         if isinstance(space, str):
             return [title, L.Comment(f"empty: {space}")]
+        self.loop_ranges.update((v, space.bounds.hi[v][0]) for v in space.loops)
         views, private = self.views(blk, outer, space.idx, root)
         written = [views[r.into] for r in blk.refs if root or r.from_]
         notes: list[L.Stmt] = []

@@ -25,6 +25,7 @@ no guards.
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
@@ -342,6 +343,11 @@ class _Emitter:
         fixed = {u: Affine.constant(v) for u, v in combo.items()}
         counts = [unrolled.substitute(fixed) + outside + (1 - base)
                   for unrolled, outside in self.p.vec_bounds]
+        # A count that the ranges of the loops around it keep at `width` or more is all
+        # lanes: the first chunk of a 16-wide tile over a 28-wide row (its last tile holds
+        # 12 lanes) loads plainly, where a masked load in the reduction loop cost a 1x1
+        # convolution a third of its time (Zen 3).
+        counts = [c for c in counts if not c.terms or self._least(c) < width]
         static = min([width] + [c.const for c in counts if not c.terms])
         dynamic = [c for c in counts if c.terms]
         if static <= 0 or not dynamic:
@@ -350,6 +356,14 @@ class _Emitter:
         active = L.IMin((Affine.constant(static), *dynamic))
         out.append(L.Let(var, INT64, L.IntValue(L.IMax((active, Affine.constant(0))))))
         return var
+
+    def _least(self, count: Affine) -> float:
+        """The least value of `count` over the ranges of the loops it names (-inf where
+        one is not known)."""
+        ranges = self.low.loop_ranges
+        if any(n not in ranges for n in count.names):
+            return -math.inf
+        return count.const + sum(k * (ranges[n] - 1) for n, k in count.terms if k < 0)
 
     def dot(self, idx: dict[str, Affine], combos: list[dict[str, int]]) -> list[L.Stmt]:
         p, low = self.p, self.low
