@@ -330,6 +330,17 @@ class RowGroup:
 
 
 @dataclass(frozen=True)
+class NextRow:
+    """Prefetch, beside each vector load of `view`, the same element of the next row,
+    `stride` elements further on, while the row index `index` (passed down from a row
+    loop of `rows` rows) is not the last (pass `nextrow`)."""
+    view: str
+    index: str
+    rows: int
+    stride: int
+
+
+@dataclass(frozen=True)
 class BlockSchedule:
     """How a block's iterations run: decided by passes, recorded here as data, printed
     by backends (which decide nothing). The default is plain serial loops.
@@ -370,6 +381,10 @@ class BlockSchedule:
       caches (non-temporal stores; pass `stream`): the buffer is written once, along the
       vector index, and is larger than the last-level cache, so nothing would read it
       from there. Where the address allows no such store (alignment), a plain one.
+    * next_row: views of a vector micro-kernel inside a row loop whose next row it
+      prefetches while it computes on this one (`NextRow`; pass `nextrow`): the row's
+      first reader waits on memory, a later one reads the row from the caches and leaves
+      the memory idle.
     """
 
     micro: bool = False
@@ -390,6 +405,7 @@ class BlockSchedule:
     mma: WarpTiled | None = None
     rows: RowGroup | None = None
     stream: tuple[str, ...] = ()
+    next_row: tuple[NextRow, ...] = ()
 
 
 # The element types whose buffers threads may accumulate privately (BlockSchedule.combine):

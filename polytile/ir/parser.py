@@ -35,6 +35,7 @@ from polytile.ir.nodes import (
     Intrinsic,
     Load,
     LoadIndex,
+    NextRow,
     Phase,
     Refinement,
     RowGroup,
@@ -218,14 +219,15 @@ class _Parser(TokenCursor[_Token]):
             return
         if word not in ("parallel", "combine", "vector", "unroll", "order", "transpose",
                         "boundary",
-                        "prefetch", "stream", "tensorize", "stage", "across", "stitch", "mma",
-                        "rows",
+                        "prefetch", "stream", "next_row", "tensorize", "stage", "across",
+                        "stitch", "mma", "rows",
                         *GPU_KINDS):
             raise IRError(f"unknown schedule item {word!r}", item.loc,
                           "items: micro, vector(i, dtype, lanes), boundary(remainders|guarded), "
                           "unroll(i, ...), order(i, ...), transpose(width), parallel(i), "
                           "combine(buffer, ...), simd, "
-                          "grid(i), thread(i), prefetch(distance), stream(view, ...), tensorize(instruction, i, k), "
+                          "grid(i), thread(i), prefetch(distance), stream(view, ...), "
+                          "next_row(view, index, rows, stride), tensorize(instruction, i, k), "
                           "stage(k, tile, A, ..., pad = n), across(k, threads), "
                           "stitch(for barrier, single, ...), mma(instruction, i, j, k, warps, warps, tiles, tiles), "
                           "rows(r, threads, single barrier, across, spread, ...)")
@@ -254,6 +256,15 @@ class _Parser(TokenCursor[_Token]):
             fields["transpose"] = self.integer("the panel width")
         elif word == "prefetch":
             fields["prefetch"] = self.integer("the prefetch distance")
+        elif word == "next_row":
+            view = self.name("the prefetched view")
+            self.expect(",")
+            index = self.name("the row index")
+            self.expect(",")
+            rows = self.integer("the rows")
+            self.expect(",")
+            ahead = NextRow(view, index, rows, self.integer("the row stride"))
+            fields["next_row"] = fields.get("next_row", ()) + (ahead,)
         elif word == "tensorize":
             name = self.name("the instruction")
             self.expect(",")

@@ -154,6 +154,7 @@ def format_schedule(s: BlockSchedule) -> str:
     items += [f"{kind}({index})" for index, kind in s.gpu]
     items += [f"prefetch({s.prefetch})"] if s.prefetch else []
     items += [f"stream({', '.join(s.stream)})"] if s.stream else []
+    items += [f"next_row({r.view}, {r.index}, {r.rows}, {r.stride})" for r in s.next_row]
     if s.tensorize is not None:
         t = s.tensorize
         kept = ", kept" if t.kept else ""

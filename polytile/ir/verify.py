@@ -239,6 +239,18 @@ def _check_stream(block: Block, s: BlockSchedule, path: str) -> None:
                               "view it assigns to, contiguous along the vector index")
 
 
+def _check_next_row(block: Block, s: BlockSchedule, path: str) -> None:
+    views = {r.into: r for r in block.refs}
+    passed = {i.name for i in block.idxs if i.affine is not None}
+    for r in s.next_row:
+        ref = views.get(r.view)
+        if (not s.micro or s.vector is None or ref is None or ref.dir != "in"
+                or r.index not in passed or r.rows < 2 or r.stride < 1):
+            raise _fail(path, f"next_row({r.view}, {r.index}, {r.rows}, {r.stride}) needs a "
+                              "vector micro-kernel, an input view, a passed row index, two "
+                              "rows or more and a positive stride")
+
+
 def _check_tensorize(block: Block, t: Tensorized, path: str) -> None:
     """The instruction is described, and the inspector maps its lane and reduction loops
     onto the block's `lane` and `reduction` (the lowering lays out what it maps)."""
@@ -304,6 +316,8 @@ def _check_schedule(block: Block, path: str, target: Target | None) -> None:
                           "micro-kernel and a data-dependent load in it")
     if s.stream:
         _check_stream(block, s, path)
+    if s.next_row:
+        _check_next_row(block, s, path)
     if s.tensorize is not None:
         _check_tensorize(block, s.tensorize, path)
     if s.mma is not None:
