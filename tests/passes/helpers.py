@@ -11,6 +11,7 @@ import os
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -63,6 +64,20 @@ def target(name: str) -> Target:
 def block(fn: N.Function, name: str) -> N.Block:
     found = next((s for s in fn.body.stmts if isinstance(s, N.Block) and s.name == name), None)
     assert found is not None, f"no top-level block {name}"
+    return found
+
+
+def marked(fn: N.Function, field: str) -> list[tuple[str, Any]]:
+    """(block name, value) of every block, at any depth, whose schedule's `field` is set."""
+    found: list[tuple[str, Any]] = []
+
+    def walk(b: N.Block) -> None:
+        if getattr(b.schedule, field):
+            found.append((b.name, getattr(b.schedule, field)))
+        for s in b.stmts:
+            if isinstance(s, N.Block):
+                walk(s)
+    walk(fn.body)
     return found
 
 

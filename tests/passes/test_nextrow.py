@@ -19,7 +19,7 @@ from polytile.passes.nextrow import nextrow
 from polytile.passes.pipeline import run_pipeline
 from polytile.sema.specialize import specialize
 
-from .helpers import check_pass, lowered, target
+from .helpers import check_pass, lowered, marked, target
 
 AVX2 = target("cpu-avx2")
 BEFORE = replace(AVX2, passes=tuple(p for p in AVX2.passes if p[0] != "nextrow"))
@@ -30,16 +30,7 @@ def _scheduled(source: str, shapes: dict[str, tuple[int, ...]]) -> N.Function:
 
 
 def _marked(fn: N.Function) -> list[tuple[str, tuple[N.NextRow, ...]]]:
-    found: list[tuple[str, tuple[N.NextRow, ...]]] = []
-
-    def walk(b: N.Block) -> None:
-        if b.schedule.next_row:
-            found.append((b.name, b.schedule.next_row))
-        for s in b.stmts:
-            if isinstance(s, N.Block):
-                walk(s)
-    walk(fn.body)
-    return found
+    return marked(fn, "next_row")
 
 
 def test_softmax_prefetches_the_next_row_in_its_exp_phase() -> None:

@@ -14,7 +14,7 @@ from polytile.ir.printer import format_function
 from polytile.passes.pipeline import run_pipeline
 from polytile.passes.stream import stream
 
-from .helpers import check_pass, lowered, target
+from .helpers import check_pass, lowered, marked, target
 
 AVX2 = target("cpu-avx2")
 BEFORE = replace(AVX2, passes=tuple(p for p in AVX2.passes if p[0] != "stream"))
@@ -27,16 +27,7 @@ def _scheduled(source: str, shapes: dict[str, tuple[int, ...]],
 
 
 def _streamed(fn: N.Function) -> list[tuple[str, tuple[str, ...]]]:
-    found: list[tuple[str, tuple[str, ...]]] = []
-
-    def walk(b: N.Block) -> None:
-        if b.schedule.stream:
-            found.append((b.name, b.schedule.stream))
-        for s in b.stmts:
-            if isinstance(s, N.Block):
-                walk(s)
-    walk(fn.body)
-    return found
+    return marked(fn, "stream")
 
 
 def test_softmax_streams_the_last_writer_of_its_output() -> None:
