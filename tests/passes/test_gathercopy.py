@@ -12,10 +12,14 @@ import pytest
 import polytile as pt
 from polytile.compile import Compiler
 from polytile.config import load_config
+from polytile.einsum import compile_einsum
 from polytile.errors import KernelError
 from polytile.ir import nodes as N
+from polytile.lang.parser import parse
 from polytile.passes.gathercopy import MIN_REUSE, gathercopy
 from polytile.passes.ptrinc import ptrinc
+from polytile.sema.analyze import analyze
+from polytile.sema.specialize import Specialized, specialize
 from polytile.targets.target import select_target
 
 from .helpers import assert_same_meaning, block, check_pass, lowered, random_buffers, run, target
@@ -25,6 +29,10 @@ AVX2 = target("cpu-avx2")
 SHAPES = {"I": (2, 5, 7, 6), "SH": (5,), "SW": (5,), "Wt": (3, 5)}
 # A reuse of 3 (O): below the default, so the small golden case asks for the copy.
 SMALL_REUSE = {"min_reuse": 2}
+
+
+def _tags(b: N.Block) -> set[str]:
+    return set(b.tags).union(*(_tags(s) for s in b.stmts if isinstance(s, N.Block)))
 
 
 def _blocks(fn: N.Function) -> list[str]:
@@ -123,13 +131,13 @@ def test_runs_between_fuse_and_pack_in_the_shipped_cpu_targets() -> None:
 # ---------------------------------------------------------------- compiled
 
 def _shift_reference(x: np.ndarray, sh: np.ndarray, sw: np.ndarray, w: np.ndarray) -> np.ndarray:
-    n, c, hh, ww = x.shape
+    _, c, hh, ww = x.shape
     moved = np.stack([x[:, k, 1 + sh[k]:hh - 1 + sh[k], 1 + sw[k]:ww - 1 + sw[k]]
                       for k in range(c)], axis=1).astype(np.float64)
     return np.einsum("nchw,ck->nkhw", moved, w.astype(np.float64))
 
 
-@pytest.mark.parametrize("n, c, k, h, w", [(2, 11, 20, 13, 19), (1, 9, 37, 30, 30)])
+@pytest.mark.parametrize("n, c, k, h, w", [(2, 11, 40, 13, 19), (1, 9, 45, 30, 30)])
 def test_compiled_shift_convolution_matches_numpy(n, c, k, h, w) -> None:
     """Sizes that divide no tile, a non-contiguous image (every other element) and a
     transposed filter, random shifts with the extremes present."""
@@ -138,8 +146,16 @@ def test_compiled_shift_convolution_matches_numpy(n, c, k, h, w) -> None:
     x = big[:, :, ::2, :]
     wt = np.asfortranarray(rng.standard_normal((c, k)).astype(np.float32))
     sh, sw = _shifts(rng, c)
-    got = pt.einsum("nc(h+1+sh[c])(w+1+sw[c]),ck->nkhw", x, wt, sh=sh, sw=sw)
+    spec = "nc(h+1+sh[c])(w+1+sw[c]),ck->nkhw"
+    got = pt.einsum(spec, x, wt, sh=sh, sw=sw)
     np.testing.assert_allclose(got, _shift_reference(x, sh, sw, wt), rtol=1e-4, atol=1e-4)
+    program = compile_einsum(spec, ("float32", "float32"), (("sh", "int32"), ("sw", "int32")))
+    compiler = program.module.compiler
+    assert compiler is not None
+    ir = compiler.ir(specialize(program.module["einsum"].fn,
+                                {"in0": x.shape, "in1": wt.shape, "sh": sh.shape, "sw": sw.shape},
+                                {"size_h": h - 2, "size_w": w - 2}))
+    assert "gather" in _tags(ir.body)      # the kernel that ran read the dense copy
 
 
 FIXED = """def shift(float32(N,C,H,W) I, int32(C) SH, int32(C) SW, float32(C,K) Wt) -> (Out) {
@@ -148,13 +164,10 @@ FIXED = """def shift(float32(N,C,H,W) I, int32(C) SH, int32(C) SW, float32(C,K) 
 """
 
 
-def _compiled(options: dict[str, object]):  # type: ignore[no-untyped-def]
-    from polytile.lang.parser import parse
-    from polytile.sema.analyze import analyze
-    from polytile.sema.specialize import specialize
+def _compiled(options: dict[str, object]) -> tuple[Compiler, Specialized]:
     config = load_config()
     fn = analyze(parse(FIXED, "<test>")).functions[0]
-    spec = specialize(fn, {"I": (2, 6, 9, 10), "SH": (6,), "SW": (6,), "Wt": (6, 24)}, {})
+    spec = specialize(fn, {"I": (2, 6, 9, 10), "SH": (6,), "SW": (6,), "Wt": (6, 40)}, {})
     compiler = Compiler(config, select_target(config.target), options=options)
     return compiler, spec
 
@@ -162,28 +175,20 @@ def _compiled(options: dict[str, object]):  # type: ignore[no-untyped-def]
 def test_compiled_copy_is_in_the_ir_and_fails_like_the_kernel_without_it() -> None:
     rng = np.random.default_rng(4)
     inputs = {"I": rng.standard_normal((2, 6, 9, 10)).astype(np.float32),
-              "Wt": rng.standard_normal((6, 24)).astype(np.float32)}
+              "Wt": rng.standard_normal((6, 40)).astype(np.float32)}
     inputs["SH"], inputs["SW"] = _shifts(rng, 6)
     messages, results = [], []
     for options in ({}, {"gathercopy.enabled": False}):
         compiler, spec = _compiled(options)
-        tags = set()
-
-        def walk(b: N.Block) -> None:
-            tags.update(b.tags)
-            for s in b.stmts:
-                if isinstance(s, N.Block):
-                    walk(s)
-        walk(compiler.ir(spec).body)
-        assert ("gather" in tags) == (not options)
+        assert ("gather" in _tags(compiler.ir(spec).body)) == (not options)
         compiled = compiler.compile(spec)
-        out = {"Out": np.full((2, 24, 7, 8), np.nan, np.float32)}
+        out = {"Out": np.full((2, 40, 7, 8), np.nan, np.float32)}
         compiled.run(inputs, {}, out)
         results.append(out["Out"])
         broken = dict(inputs, SW=inputs["SW"].copy())
         broken["SW"][3] = 2
         with pytest.raises(pt.OutOfBoundsError) as error:
-            compiled.run(broken, {}, {"Out": np.zeros((2, 24, 7, 8), np.float32)})
+            compiled.run(broken, {}, {"Out": np.zeros((2, 40, 7, 8), np.float32)})
         messages.append(str(error.value))
     np.testing.assert_allclose(results[0], results[1], rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(results[0], _shift_reference(inputs["I"], inputs["SH"],
