@@ -79,7 +79,7 @@ def _gather(block: N.Block, load: N.Load, ranges: dict[str, int], red: set[str],
     """The copy plan of `load`, or None where its subscripts are not `index + f(data of
     reduction indices)` one index per dimension, or the operand is not reused enough."""
     ref = block.ref(load.ref)
-    if load.offset is not None or not any(load.dynamic):
+    if ref.dir != "in" or load.offset is not None or not any(load.dynamic):
         return None
     if sum(1 for s in block.stmts if isinstance(s, N.Load) and s.ref == ref.into) != 1:
         return None
