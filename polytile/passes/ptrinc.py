@@ -174,15 +174,19 @@ class Settings:
         return Settings(int(params.get("min_indices", 2)), int(budget), target.vector_bytes)
 
 
-def rewrite_kernel(block: N.Block, settings: Settings, taken: set[str]) -> Rewrite | None:
+def rewrite_kernel(block: N.Block, settings: Settings, taken: set[str],
+                   steps_over: list[str] | None = None) -> Rewrite | None:
     """The rewrite of a leaf contraction `block`, or None where it does not apply or pay.
-    `taken` holds the names already used in the holding block (for the tables)."""
+    `taken` holds the names already used in the holding block (for the tables).
+    `steps_over` names the indices the table is indexed by when they are not the
+    block's reduction (pass gathercopy's copy, whose every index is written: the
+    table steps over the channels its shifts come from)."""
     if (block.constraints or "kernel" not in block.tags or block.schedule.micro
             or any(isinstance(s, (N.Block, N.Special)) for s in block.stmts)):
         return None
     if any(i.range < 1 for i in block.idxs if i.affine is None):
         return None      # the kernel runs no iteration, so no subscript may be checked
-    red = reduction_indices(block)
+    red = reduction_indices(block) if steps_over is None else list(steps_over)
     if not red:
         return None
     ranges = {i.name: i.range for i in block.idxs if i.affine is None}
@@ -206,8 +210,8 @@ def rewrite_kernel(block: N.Block, settings: Settings, taken: set[str]) -> Rewri
     # Loads that only fed the subscripts of others go away with them; with one reduction
     # index, the flat index is that index and static views can stay as they are.
     provisional = [N.Load(s.into, s.ref) if s in loads else s for s in block.stmts]
-    live = {getattr(s, "into", None) for s in _live(provisional)}
-    operands = [o for o in operands if o.load.into in live and (o.dims or len(red) > 1)]
+    alive = {getattr(s, "into", None) for s in live(provisional)}
+    operands = [o for o in operands if o.load.into in alive and (o.dims or len(red) > 1)]
     gathers = any(o.dims for o in operands)
     if not operands or (not gathers and sum(1 for n in red if ranges[n] > 1)
                         < settings.min_indices):
@@ -226,7 +230,7 @@ def rewrite_kernel(block: N.Block, settings: Settings, taken: set[str]) -> Rewri
     tabled = [o for o in operands if o.dims or _flat_multiple(o.red_step, multiplier) is None]
     if steps * 8 * len(tabled) > settings.max_table_bytes:
         return None
-    names = _Names({r.into for r in block.refs} | taken)
+    names = Names({r.into for r in block.refs} | taken)
     tables = {o.load.into: names.fresh(f"{block.name}_{o.ref.into}_steps") for o in tabled}
     kernel = _kernel(block, operands, tables, flat, steps, multiplier, reds)
     if kernel is None or not _keeps_vectors(block, kernel, red, gathers, settings):
@@ -319,7 +323,7 @@ def _flat_multiple(step: N.Affine, multiplier: Mapping[str, int]) -> tuple[int, 
     return (alpha or 0, step.const)
 
 
-class _Names:
+class Names:
     def __init__(self, taken: Iterable[str]):
         self.taken = set(taken)
 
@@ -336,13 +340,13 @@ def _kernel(block: N.Block, operands: list[_Operand], tables: Mapping[str, str],
     """The kernel over the flat reduction index: each operand load reads its window
     through its step; the subscript arithmetic that fed the old loads is dropped."""
     by_load = {o.load.into: o for o in operands}
-    scalars = _Names(_scalars(block))
+    scalars = Names(_scalars(block))
     refs_by_name = {r.into: r for r in block.refs}
     uses: dict[str, int] = {}
     for s in block.stmts:
         if isinstance(s, N.Load):
             uses[s.ref] = uses.get(s.ref, 0) + 1
-    ref_names = _Names(refs_by_name)
+    ref_names = Names(refs_by_name)
     new_refs: dict[str, N.Refinement] = {}
     steps_of: set[str] = set()             # the step scalars made here
     stmts: list[N.Statement] = []
@@ -367,7 +371,7 @@ def _kernel(block: N.Block, operands: list[_Operand], tables: Mapping[str, str],
             f"{operand.ref.into}_window")
         new_refs[view] = replace(operand.window, into=view)
         stmts.append(N.Load(into, view, (), step))
-    stmts = _live(stmts)
+    stmts = live(stmts)
     for s in stmts:
         if isinstance(s, N.LoadIndex) and set(s.value.names) & reds and s.into not in steps_of:
             return None      # an index value of the reduction is used as data
@@ -407,7 +411,7 @@ def _inputs(s: N.Statement) -> list[str]:
     return []
 
 
-def _live(stmts: list[N.Statement]) -> list[N.Statement]:
+def live(stmts: list[N.Statement]) -> list[N.Statement]:
     """The statements that a store needs (the rest computed dropped subscripts)."""
     needed: set[str] = set()
     kept: list[N.Statement] = []
@@ -418,7 +422,7 @@ def _live(stmts: list[N.Statement]) -> list[N.Statement]:
     return kept[::-1]
 
 
-def _chain(block: N.Block, roots: Iterable[str]) -> list[N.Statement]:
+def chain(block: N.Block, roots: Iterable[str]) -> list[N.Statement]:
     """The statements that compute `roots`, in order."""
     needed = set(roots)
     kept: list[N.Statement] = []
@@ -434,7 +438,7 @@ def _at(stmts: list[N.Statement], values: Mapping[str, N.Affine]) -> list[N.Stat
             for s in stmts]
 
 
-def _passed(block: N.Block) -> tuple[N.Index, ...]:
+def passed_indices(block: N.Block) -> tuple[N.Index, ...]:
     return tuple(i for i in block.idxs if i.affine is not None)
 
 
@@ -451,11 +455,11 @@ def _bounds_block(block: N.Block, operands: list[_Operand], corners: frozenset[s
     parallel = [n for n in ranges if n not in red]
     at = {n: (N.Affine.index(n).scale(ranges[n] - 1) if n in corners else N.Affine())
           for n in parallel + [n for n in red if n not in varying]}
-    stmts = _at(_chain(block, [sub for o in checked for _, sub, _ in o.dims]), at)
+    stmts = _at(chain(block, [sub for o in checked for _, sub, _ in o.dims]), at)
     refs = {r.into: r for r in block.refs}
     used = {s.ref for s in stmts if isinstance(s, N.Load)}
     views = [refs[name] for name in refs if name in used]
-    names = _Names(_scalars(block))
+    names = Names(_scalars(block))
     for o in checked:
         view = replace(o.ref, access=tuple(a.substitute(at) for a in o.ref.access))
         if o.ref.into not in used:
@@ -463,7 +467,7 @@ def _bounds_block(block: N.Block, operands: list[_Operand], corners: frozenset[s
             used.add(o.ref.into)
         stmts.append(N.Load(names.fresh(f"${o.ref.into}_in_range"), o.ref.into, o.load.dynamic))
     idxs = tuple(N.Index(n, ranges[n]) for n in red if n in varying) + tuple(
-        N.Index(n, 2) for n in parallel if n in corners) + _passed(block)
+        N.Index(n, 2) for n in parallel if n in corners) + passed_indices(block)
     around = ", ".join(f"{n} in {{0, {ranges[n] - 1}}}" for n in parallel if n in corners)
     return N.Block(f"{block.name}_bounds", idxs, (), tuple(views), tuple(stmts),
                    frozenset({"bounds"}),
@@ -477,11 +481,11 @@ def _steps_block(block: N.Block, tabled: list[_Operand], tables: Mapping[str, st
     origin (the subscripts' parts that do not depend on the parallel indices)."""
     parallel = [n for n in ranges if n not in red]
     zero = {n: N.Affine() for n in parallel}
-    stmts = _at(_chain(block, [sub for o in tabled for _, sub, _ in o.dims]), zero)
+    stmts = _at(chain(block, [sub for o in tabled for _, sub, _ in o.dims]), zero)
     refs = {r.into: r for r in block.refs}
     used = {s.ref for s in stmts if isinstance(s, N.Load)}
     views = [refs[name] for name in refs if name in used]
-    names = _Names(_scalars(block))
+    names = Names(_scalars(block))
     types = _types(block)
     for o in tabled:
         table = tables[o.load.into]
@@ -505,7 +509,7 @@ def _steps_block(block: N.Block, tabled: list[_Operand], tables: Mapping[str, st
         stmts.append(N.Store(table, total))
         views.append(N.Refinement("out", table, table, (flat_value,),
                                   N.TensorShape(dtypes.INT64, (N.Dim(1, 1),))))
-    idxs = tuple(N.Index(n, ranges[n]) for n in red) + _passed(block)
+    idxs = tuple(N.Index(n, ranges[n]) for n in red) + passed_indices(block)
     what = ", ".join(o.ref.into for o in tabled)
     return N.Block(f"{block.name}_steps", idxs, (), tuple(views), tuple(stmts),
                    frozenset({"ptrinc"}),

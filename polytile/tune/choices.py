@@ -46,6 +46,7 @@ from polytile.targets.target import Target
 # before autotile, and genes only of programs where they change something.
 PIPELINE_CHOICES: dict[str, tuple[Any, ...]] = {
     "fuse.strategy": ("rows", "max", "none"),
+    "gathercopy.enabled": (True, False),
     "pack.enabled": (True, False),
     "ptrinc.enabled": (True, False),
     # GPU targets (TC §6: block sizes, promotion on/off, mapped dimensions); the grid
