@@ -95,15 +95,25 @@ def _blocks(block: N.Block, path: Path = ()) -> Iterator[tuple[Path, N.Block]]:
             yield from _blocks(s, path + (k,))
 
 
-def _uses(fn: N.Function) -> tuple[dict[Root, list[_Use]], dict[Root, N.Refinement],
-                                   set[Root]]:
-    """Every root buffer's views, its declaration, and the roots no plan may touch."""
+@dataclass(frozen=True)
+class _Buffers:
+    """The function's root buffers: each one's views, its declaration, the roots no plan
+    may touch, and each block's views by name -> the root they view."""
+
+    uses: dict[Root, list[_Use]]
+    declared: dict[Root, N.Refinement]
+    frozen: set[Root]
+    views: dict[Path, dict[str, Root]]
+
+
+def _buffers(fn: N.Function) -> _Buffers:
     uses: dict[Root, list[_Use]] = {}
+    views: dict[Path, dict[str, Root]] = {}
     declared: dict[Root, N.Refinement] = {}
     frozen: set[Root] = set()
 
     def walk(block: N.Block, path: Path, outer: dict[str, Root]) -> None:
-        roots: dict[str, Root] = {}
+        roots = views.setdefault(path, {})
         for r in block.refs:
             if r.from_:
                 if r.from_ not in outer:
@@ -128,15 +138,17 @@ def _uses(fn: N.Function) -> tuple[dict[Root, list[_Use]], dict[Root, N.Refineme
                 walk(s, path + (k,), roots)
 
     walk(fn.body, (), {})
-    return uses, declared, frozen
+    return _Buffers(uses, declared, frozen, views)
 
 
 def _next_plan(fn: N.Function) -> _Plan | None:
-    uses, declared, frozen = _uses(fn)
-    seeds = sorted(((root, j) for root, ref in declared.items() if root not in frozen
+    """The first plan that holds, trying the innermost dimensions first."""
+    buffers = _buffers(fn)
+    seeds = sorted(((root, j) for root, ref in buffers.declared.items()
+                    if root not in buffers.frozen
                     for j in range(len(ref.shape.dims) - 1)), key=lambda s: -s[1])
     for root, j in seeds:
-        plan = _plan(root, j, uses, declared, frozen)
+        plan = _plan(root, j, buffers)
         if plan is not None:
             return plan
     return None
@@ -152,8 +164,7 @@ def _row(ref: N.Refinement, j: int) -> int | None:
     return row if dims[j].stride == row * dims[j + 1].stride and row > 0 else None
 
 
-def _plan(seed: Root, j: int, uses: dict[Root, list[_Use]],
-          declared: dict[Root, N.Refinement], frozen: set[Root]) -> _Plan | None:
+def _plan(seed: Root, j: int, buffers: _Buffers) -> _Plan | None:
     """The merges that merging dimensions j, j+1 of `seed` needs, or None."""
     dims: dict[Root, int] = {}
     pairs: dict[Path, tuple[str, str]] = {}
@@ -164,13 +175,13 @@ def _plan(seed: Root, j: int, uses: dict[Root, list[_Use]],
             if dims[root] != d:
                 return None
             continue
-        if root in frozen:
+        if root in buffers.frozen:
             return None
-        row = _row(declared[root], d)
+        row = _row(buffers.declared[root], d)
         if row is None:
             return None
         dims[root] = d
-        for use in uses[root]:
+        for use in buffers.uses[root]:
             pair = _view_pair(use, d, row)
             if pair is None:
                 return None
@@ -182,8 +193,7 @@ def _plan(seed: Root, j: int, uses: dict[Root, list[_Use]],
             others = _pair_views(use.block, a, b)
             if others is None:
                 return None
-            roots = {u.ref.into: root_ for root_, us in uses.items() for u in us
-                     if u.path == use.path}
+            roots = buffers.views[use.path]
             for name, dim in others:
                 if name not in roots:
                     return None

@@ -47,6 +47,8 @@ from polytile.targets.target import Target
 PIPELINE_CHOICES: dict[str, tuple[Any, ...]] = {
     "fuse.strategy": ("rows", "max", "none"),
     "pack.enabled": (True, False),
+    # A merged index (h_w) is one long vector row; apart, the tuner may still tile h and w.
+    "collapse.enabled": (True, False),
     "ptrinc.enabled": (True, False),
     # GPU targets (TC §6: block sizes, promotion on/off, mapped dimensions); the grid
     # follows from the work-group size and the extents.
