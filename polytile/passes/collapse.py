@@ -46,7 +46,6 @@ heuristics used (`compile.Compiler.optimized`). `collapse.enabled: false` turns 
 """
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -56,6 +55,7 @@ from polytile.targets.target import Target
 
 Path = tuple[int, ...]              # statement positions from the function's body
 Root = tuple[Path, str]             # a buffer: the block that declares it, its name
+CONSTANT = ("", "")                 # a view whose origin is constant in the merged dimensions
 
 
 @dataclass(frozen=True)
@@ -87,13 +87,6 @@ def collapse(fn: N.Function, target: Target, params: dict[str, Any]) -> N.Functi
 
 
 # ---------------------------------------------------------------- finding a plan
-
-def _blocks(block: N.Block, path: Path = ()) -> Iterator[tuple[Path, N.Block]]:
-    yield path, block
-    for k, s in enumerate(block.stmts):
-        if isinstance(s, N.Block):
-            yield from _blocks(s, path + (k,))
-
 
 @dataclass(frozen=True)
 class _Buffers:
@@ -185,7 +178,7 @@ def _plan(seed: Root, j: int, buffers: _Buffers) -> _Plan | None:
             pair = _view_pair(use, d, row)
             if pair is None:
                 return None
-            if pair == ():
+            if pair == CONSTANT:
                 continue
             a, b = pair
             if pairs.setdefault(use.path, (a, b)) != (a, b):
@@ -201,16 +194,16 @@ def _plan(seed: Root, j: int, buffers: _Buffers) -> _Plan | None:
     return _Plan(tuple(sorted(dims.items())), tuple(sorted(pairs.items())))
 
 
-def _view_pair(use: _Use, j: int, row: int) -> tuple[str, str] | tuple[()] | None:
+def _view_pair(use: _Use, j: int, row: int) -> tuple[str, str] | None:
     """How view `use` takes a merge of its dimensions j, j+1 (rows of length `row`):
-    () with a constant origin there, (a, b) as the element at two loop indices that
-    its block must merge, None not at all."""
+    CONSTANT with a constant origin there, (a, b) as the element at two loop indices
+    that its block must merge, None not at all."""
     ref, block = use.ref, use.block
     at, below = ref.access[j], ref.access[j + 1]
     size, inner = ref.shape.dims[j].size, ref.shape.dims[j + 1].size
     if not at.names and not below.names:
         whole_rows = inner == row and below.const == 0
-        return () if size == 1 or whole_rows else None
+        return CONSTANT if size == 1 or whole_rows else None
     loops = {i.name: i for i in block.idxs if i.affine is None}
     a, b = at.names[0] if at.names else "", below.names[0] if below.names else ""
     if (at != N.Affine.index(a) or below != N.Affine.index(b) or a == b
