@@ -182,10 +182,11 @@ def _warn_unusable_entry(key: TuningKey, options: dict[str, Any], error: Polytil
     if seen in _WARNED:
         return
     _WARNED.add(seen)
+    why = f"{error.message} ({error.hint})" if error.hint else error.message
     warnings.warn(TuningEntryWarning(
         f"the tuning database's entry for {function} at {key.signature} ({key.target}) "
         "cannot be applied, "
-        f"so the heuristics are used: {error.message}. Replace it by tuning again, or remove "
+        f"so the heuristics are used: {why}. Replace it by tuning again, or remove "
         "every entry with `polytile cache clear --tuning`"), stacklevel=4)
 
 

@@ -117,7 +117,7 @@ def run(fn: Function, buffers: Mapping[str, np.ndarray]) -> None:
     for ref in fn.body.refs:
         if ref.into in layouts and ref.dir in ("out", "inout"):
             view, offsets = layouts[ref.into]
-            buffers[ref.into][...] = view.storage[offsets]
+            buffers[ref.into][...] = view.storage[offsets].reshape(buffers[ref.into].shape)
 
 
 def bind(fn: Function, buffers: Mapping[str, np.ndarray]
@@ -136,15 +136,26 @@ def bind(fn: Function, buffers: Mapping[str, np.ndarray]
             raise ArgumentError(f"{fn.name}: parameter {name} needs a NumPy array, got "
                                 f"{type(array).__name__}")
         want = ref.shape
-        if array.shape != want.sizes or array.dtype != want.dtype.numpy:
+        if not merges_into(array.shape, want.sizes) or array.dtype != want.dtype.numpy:
             raise ArgumentError(f"{fn.name}: parameter {name} is {array.dtype}{array.shape}, "
                                 f"expected {want.dtype}{want.sizes}")
+        array = array.reshape(want.sizes)
         offsets, low, span = _layout(want.dims)
         storage = np.zeros(span, want.dtype.numpy)
         storage[offsets - low] = array
         view = _View(storage, np.array([-low], np.int64), want.dims, name, ref.agg)
         bound[name] = (view, offsets - low)
     return bound
+
+
+def merges_into(shape: tuple[int, ...], sizes: tuple[int, ...]) -> bool:
+    """Whether `sizes` is `shape` with runs of adjacent dimensions merged into one, their
+    product: a C-contiguous array of `shape` read as `sizes` (a parameter whose dimensions
+    pass collapse merged) holds the same elements in the same order."""
+    if math.prod(shape) != math.prod(sizes):
+        return False
+    prefixes = set(itertools.accumulate(shape, lambda a, b: a * b))
+    return all(p in prefixes for p in itertools.accumulate(sizes, lambda a, b: a * b))
 
 
 def _layout(dims: tuple[Dim, ...]) -> tuple[np.ndarray, int, int]:

@@ -60,7 +60,7 @@ def run(fn: Function, buffers: Mapping[str, np.ndarray], kernel: L.Kernel | None
     for ref in fn.body.refs:
         if ref.into in layouts and ref.dir in ("out", "inout"):
             view, offsets = layouts[ref.into]
-            buffers[ref.into][...] = view.storage[offsets]
+            buffers[ref.into][...] = view.storage[offsets].reshape(buffers[ref.into].shape)
 
 
 def run_kernel(kernel: L.Kernel, arrays: Sequence[np.ndarray], threads: int = 2) -> None:

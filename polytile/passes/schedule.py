@@ -74,8 +74,12 @@ def check_schedule(block: N.Block, schedule: Schedule, target: Target) -> None:
     named += [("tiled index", n) for n, _ in schedule.tiles]
     for what, name in named:
         if name not in loops:
+            merged = [i for i in loops if name in i.split("_")]
+            # A record made before pass collapse merged this index with its neighbour.
+            also = (f"; pass collapse merged {name} into {merged[0]} (name that index, or "
+                    "set collapse.enabled to false)" if merged else "")
             raise ArgumentError(f"{where}: {what} {name!r} is not an index of the block",
-                                hint=f"its indices are {', '.join(loops) or 'none'}")
+                                hint=f"its indices are {', '.join(loops) or 'none'}{also}")
 
 
 def check_schedule_values(schedule: Schedule, widest: int, target: str, where: str) -> None:

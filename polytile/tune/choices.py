@@ -45,6 +45,9 @@ from polytile.targets.target import Target
 # Pipeline parameters worth searching, by pass; offered only for passes the target runs
 # before autotile, and genes only of programs where they change something.
 PIPELINE_CHOICES: dict[str, tuple[Any, ...]] = {
+    # (In name order: a variant's settings are compared with Options', which sorts them.)
+    # A merged index (h_w) is one long vector row; apart, the tuner may still tile h and w.
+    "collapse.enabled": (True, False),
     "fuse.strategy": ("rows", "max", "none"),
     "gathercopy.enabled": (True, False),
     "pack.enabled": (True, False),
