@@ -27,7 +27,11 @@ must be either
 * the element at (a, b), two loop indices of a leaf block alone in those dimensions, with
   range(b) == R; the block then merges a and b, which needs the same of every other view
   of the block that uses a or b (each in its own buffer: more merges in the plan), and
-  a and b in no constraint and no statement (`index(h)`, a where-clause's bound).
+  a and b in no constraint and no statement (`index(h)`, a where-clause's bound); or
+* one row's stretch (size 1 along j) of a leaf that only copies (loads and one assigning
+  store: pass gathercopy's dense copy of a shifted image, whose source rows are wider),
+  which keeps its indices and reaches the merged dimension at R * origin_j + origin_j+1.
+  A plan needs at least one block that merges its indices.
 
 A plan that would merge two different dimensions of one buffer or two different pairs
 of one block is given up, and so is any buffer that a gather reads or a scatter writes
@@ -56,6 +60,8 @@ from polytile.targets.target import Target
 Path = tuple[int, ...]              # statement positions from the function's body
 Root = tuple[Path, str]             # a buffer: the block that declares it, its name
 CONSTANT = ("", "")                 # a view whose origin is constant in the merged dimensions
+INDEXED = ("", "+")                 # a view of one row's stretch, at any origin, in a copy
+                                    # that keeps its indices: row * a + b in the merged one
 
 
 @dataclass(frozen=True)
@@ -178,19 +184,23 @@ def _plan(seed: Root, j: int, buffers: _Buffers) -> _Plan | None:
             pair = _view_pair(use, d, row)
             if pair is None:
                 return None
-            if pair == CONSTANT:
+            if pair in (CONSTANT, INDEXED):
                 continue
             a, b = pair
-            if pairs.setdefault(use.path, (a, b)) != (a, b):
-                return None
             others = _pair_views(use.block, a, b)
-            if others is None:
+            if others is None:      # a copy may keep a and b and index the merged dimension
+                if use.path in pairs or not _copy(use.block) or use.ref.shape.dims[d].size != 1:
+                    return None
+                continue
+            if pairs.setdefault(use.path, (a, b)) != (a, b):
                 return None
             roots = buffers.views[use.path]
             for name, dim in others:
                 if name not in roots:
                     return None
                 pending.append((roots[name], dim))
+    if not pairs:           # no block would run fewer loops: views would only be rewritten
+        return None
     return _Plan(tuple(sorted(dims.items())), tuple(sorted(pairs.items())))
 
 
@@ -206,11 +216,24 @@ def _view_pair(use: _Use, j: int, row: int) -> tuple[str, str] | None:
         return CONSTANT if size == 1 or whole_rows else None
     loops = {i.name: i for i in block.idxs if i.affine is None}
     a, b = at.names[0] if at.names else "", below.names[0] if below.names else ""
-    if (at != N.Affine.index(a) or below != N.Affine.index(b) or a == b
-            or a not in loops or b not in loops or loops[b].range != row
-            or (size, inner) != (1, 1)):
-        return None
-    return (a, b) if _mergeable_block(block, a, b) else None
+    if (at == N.Affine.index(a) and below == N.Affine.index(b) and a != b and a in loops
+            and b in loops and loops[b].range == row and (size, inner) == (1, 1)
+            and _mergeable_block(block, a, b)):
+        return (a, b)
+    # A copy (pass gathercopy's, whose source is a gather) may keep its indices: within
+    # one row (its origin along j+1 and its extent stay in the row, as the view's bounds
+    # check), the view is the same elements at row * origin_j + origin_j+1. A kernel
+    # that computes keeps its views' shape for the passes after (pack finds its vector
+    # index alone in the output's last dimension).
+    return INDEXED if size == 1 and _copy(block) else None
+
+
+def _copy(block: N.Block) -> bool:
+    """Whether leaf `block` only copies: loads and one store that assigns, nothing
+    computed or accumulated."""
+    stores = [s for s in block.stmts if isinstance(s, N.Store)]
+    return (len(stores) == 1 and block.ref(stores[0].ref).agg == "assign"
+            and all(isinstance(s, (N.Load, N.Store)) for s in block.stmts))
 
 
 def _mergeable_block(block: N.Block, a: str, b: str) -> bool:

@@ -329,3 +329,23 @@ def test_a_stored_record_from_before_the_merge_falls_back_to_the_heuristics(
     np.testing.assert_allclose(got, np.einsum("nchw,ck->nkhw", x, wt), rtol=1e-4, atol=1e-4)
     [report] = [w for w in caught if issubclass(w.category, TuningEntryWarning)]
     assert "collapse merged i3 into i2_i3" in str(report.message)
+
+
+def test_a_gather_copy_keeps_its_indices_and_its_contraction_merges() -> None:
+    """Pass gathercopy's dense copy of a shifted image is written by a block that also
+    reads the bordered image (its rows 2 wider): that copy keeps h and w and writes the
+    merged dimension at W*h + w, and the contraction on the copy runs over h_w."""
+    from polytile.passes.gathercopy import gathercopy
+
+    from .test_ptrinc import SHIFT_CENTERED
+    copied = gathercopy(lowered(SHIFT_CENTERED, {"I": (2, 5, 7, 6), "SH": (5,), "SW": (5,),
+                                                  "Wt": (3, 5)}), AVX2, {"min_reuse": 2})
+    after = collapse(copied, AVX2, {})
+    verify(after)
+    assert_same_meaning(copied, after, int_high={"SH": 2, "SW": 2})
+    names = {k.name: loop_names(k) for k in kernels(after)}
+    assert names["s0_copy"] == ["n", "c", "h", "w"]
+    assert "h_w" in names["s0"] and "h" not in names["s0"]
+    (copy_view,) = [r for k in kernels(after) if k.name == "s0_copy" for r in k.refs
+                    if r.dir == "out"]
+    assert str(copy_view.access[-1]) in ("4*h + w", "w + 4*h")
