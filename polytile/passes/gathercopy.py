@@ -176,33 +176,6 @@ def _rewrite(block: N.Block, settings: ptrinc.Settings, min_reuse: int, taken: s
     return [*stmts, block], buffers
 
 
-def _rewrite_holder(holder: N.Block, settings: ptrinc.Settings, min_reuse: int) -> N.Block:
-    """Copy the gathers of the kernels among `holder`'s statements (and inside its
-    non-kernel child blocks, e.g. fused rows) into local buffers of `holder`."""
-    stmts: list[N.Statement] = []
-    refs = list(holder.refs)
-    changed = False
-    for s in holder.stmts:
-        if not isinstance(s, N.Block):
-            stmts.append(s)
-            continue
-        if "kernel" not in s.tags and any(isinstance(x, N.Block) for x in s.stmts):
-            inner = _rewrite_holder(s, settings, min_reuse)
-            changed |= inner is not s
-            stmts.append(inner)
-            continue
-        rewrite = _rewrite(s, settings, min_reuse, {r.into for r in refs})
-        if rewrite is None:
-            stmts.append(s)
-            continue
-        changed = True
-        stmts += rewrite[0]
-        refs += rewrite[1]
-    if not changed:
-        return holder
-    return replace(holder, refs=tuple(refs), stmts=tuple(stmts))
-
-
 def gathercopy(fn: N.Function, target: Target, params: dict[str, Any]) -> N.Function:
     """Copy reused gathered operands into dense buffers. Parameters: `enabled`,
     `min_reuse` (reads per copied element below which the copy is not made; default
@@ -210,7 +183,9 @@ def gathercopy(fn: N.Function, target: Target, params: dict[str, Any]) -> N.Func
     if not params.get("enabled", True):
         return fn
     settings = ptrinc.Settings.of(target, {})
-    body = _rewrite_holder(fn.body, settings, int(params.get("min_reuse", MIN_REUSE)))
+    min_reuse = int(params.get("min_reuse", MIN_REUSE))
+    body = ptrinc.rewrite_kernels(
+        fn.body, lambda kernel, taken: _rewrite(kernel, settings, min_reuse, taken))
     return fn if body is fn.body else replace(fn, body=body)
 
 

@@ -44,7 +44,7 @@ parallel indices is left, so a unit-stride one (w) becomes the vector index.
 """
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -531,9 +531,14 @@ def _types(block: N.Block) -> dict[str, dtypes.DType]:
 
 # ---------------------------------------------------------------- the pass
 
-def _rewrite_holder(holder: N.Block, settings: Settings) -> N.Block:
-    """Rewrite the kernels among `holder`'s statements (and inside its non-kernel child
-    blocks, e.g. fused rows); the tables become local buffers of `holder`."""
+KernelRewrite = Callable[[N.Block, set[str]], tuple[list[N.Statement], list[N.Refinement]] | None]
+
+
+def rewrite_kernels(holder: N.Block, rewrite: KernelRewrite) -> N.Block:
+    """`holder` with each kernel among its statements (and inside its non-kernel child
+    blocks, e.g. fused rows) replaced by the statements `rewrite(kernel, names taken)`
+    gives, whose buffers become locals of the block holding the kernel; `holder` itself
+    where nothing changes. Shared with pass gathercopy."""
     stmts: list[N.Statement] = []
     refs = list(holder.refs)
     changed = False
@@ -542,20 +547,28 @@ def _rewrite_holder(holder: N.Block, settings: Settings) -> N.Block:
             stmts.append(s)
             continue
         if "kernel" not in s.tags and any(isinstance(x, N.Block) for x in s.stmts):
-            inner = _rewrite_holder(s, settings)
+            inner = rewrite_kernels(s, rewrite)
             changed |= inner is not s
             stmts.append(inner)
             continue
-        rewrite = rewrite_kernel(s, settings, {r.into for r in refs})
-        if rewrite is None:
+        rewritten = rewrite(s, {r.into for r in refs})
+        if rewritten is None:
             stmts.append(s)
             continue
         changed = True
-        refs += rewrite.tables
-        stmts += [*rewrite.before, rewrite.kernel]
+        stmts += rewritten[0]
+        refs += rewritten[1]
     if not changed:
         return holder
     return replace(holder, refs=tuple(refs), stmts=tuple(stmts))
+
+
+def _with_tables(kernel: N.Block, settings: Settings, taken: set[str]
+                 ) -> tuple[list[N.Statement], list[N.Refinement]] | None:
+    rewrite = rewrite_kernel(kernel, settings, taken)
+    if rewrite is None:
+        return None
+    return [*rewrite.before, rewrite.kernel], list(rewrite.tables)
 
 
 def ptrinc(fn: N.Function, target: Target, params: dict[str, Any]) -> N.Function:
@@ -565,7 +578,8 @@ def ptrinc(fn: N.Function, target: Target, params: dict[str, Any]) -> N.Function
     `max_table_bytes` (default half of L1)."""
     if not params.get("enabled", True):
         return fn
-    body = _rewrite_holder(fn.body, Settings.of(target, params))
+    settings = Settings.of(target, params)
+    body = rewrite_kernels(fn.body, lambda k, taken: _with_tables(k, settings, taken))
     return fn if body is fn.body else replace(fn, body=body)
 
 

@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import polytile as pt
+from polytile.bench.memorybound import BATCHNORM, GROUPNORM
 from polytile.config import Config
 from polytile.errors import ArgumentError, TuningEntryWarning
 from polytile.ir import nodes as N
@@ -33,24 +34,6 @@ AVX2 = target("cpu-avx2")
 CONV1X1 = """
 def conv1x1(float(N,C,H,W) X, float(C,K) Wt) -> (O) {
   O(n,k,h,w) +=! X(n,c,h,w) * Wt(c,k)
-}
-"""
-BATCHNORM = """
-def batchnorm(float(N,C,H,W) X, float(C) gamma, float(C) beta) -> (Y) {
-  mean(c) +=! X(n,c,h,w)
-  mean(c) = mean(c) / (N * H * W)
-  var(c) +=! (X(n,c,h,w) - mean(c)) * (X(n,c,h,w) - mean(c))
-  scale(c) = gamma(c) * rsqrt(var(c) / (N * H * W) + 1e-5)
-  Y(n,c,h,w) = (X(n,c,h,w) - mean(c)) * scale(c) + beta(c)
-}
-"""
-GROUPNORM = """
-def groupnorm(float(N,G,D,H,W) X, float(G,D) gamma, float(G,D) beta) -> (Y) {
-  mean(n,g) +=! X(n,g,d,h,w)
-  mean(n,g) = mean(n,g) / (D * H * W)
-  var(n,g) +=! (X(n,g,d,h,w) - mean(n,g)) * (X(n,g,d,h,w) - mean(n,g))
-  rstd(n,g) = rsqrt(var(n,g) / (D * H * W) + 1e-5)
-  Y(n,g,d,h,w) = (X(n,g,d,h,w) - mean(n,g)) * rstd(n,g) * gamma(g,d) + beta(g,d)
 }
 """
 SCALE = """
