@@ -32,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import polytile as pt
 from polytile.backends import backend_named
+from polytile.bench.machine import machine_facts
 from polytile.compile import Compiler
 from polytile.config import load_config
 from polytile.ir.printer import format_function
@@ -133,7 +134,8 @@ def main() -> int:
     rate, peak = statistics.median(rates), statistics.median(peaks)
     tile = [line.strip() for line in format_function(ir).splitlines()
             if "#contraction" in line and "micro" in line]
-    print(f"host: {host_name()}")
+    facts = machine_facts()
+    print(f"host: {facts['CPU']}, {facts['cores']}")
     print(f"mm {m}x{k}x{n} on {target.name}, one thread, thread CPU time, medians of "
           f"{args.rounds} alternating rounds:")
     print(f"  kernel  {rate:6.1f} GFLOP/s (min {min(rates):.1f}, max {max(rates):.1f})")
@@ -141,14 +143,6 @@ def main() -> int:
     print(f"  kernel / peak: {rate / peak:.0%}")
     print(f"  micro-kernel: {tile[0] if tile else 'none (no register tile)'}")
     return 0
-
-
-def host_name() -> str:
-    model = next((line.split(":", 1)[1].strip() for line in
-                  Path("/proc/cpuinfo").read_text().splitlines()
-                  if line.startswith("model name")), "unknown CPU") \
-        if Path("/proc/cpuinfo").exists() else "unknown CPU"
-    return f"{model}, {os.cpu_count()} cores"
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ Semantics that every pass, the interpreter and the code generator share:
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Mapping, Union
 
@@ -131,6 +132,11 @@ class TensorShape:
     @property
     def sizes(self) -> tuple[int, ...]:
         return tuple(d.size for d in self.dims)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of its elements (a view's, not the span of its strides)."""
+        return math.prod(self.sizes) * max(1, self.dtype.bits // 8)
 
 
 @dataclass(frozen=True)

@@ -492,9 +492,9 @@ class _Emitter:
             held = any(r > 1 and u not in self.deps[st.into] for u, r in self.p.unroll.items())
             out.append(L.Let(var, self.p.vtype, L.Read(view.ptr, address, self.p.lanes, count),
                              held))
-            for ahead in self.blk.schedule.next_row:
-                key = ("next_row", view.ptr, address)
-                if ahead.view == ref.into and key not in memo:  # unless this row is the last
+            key = ("next_row", view.ptr, address)
+            for ahead in (a for a in self.blk.schedule.next_row if a.view == ref.into):
+                if key not in memo:             # once per address, unless this row is the last
                     memo[key] = True
                     last = Affine.constant(ahead.rows - 2) - at[ahead.index]
                     out.append(L.If((last,), (L.Prefetch(view.ptr, address + ahead.stride),)))

@@ -41,7 +41,7 @@ def nextrow(fn: N.Function, target: Target, params: dict[str, Any]) -> N.Functio
     if not params.get("enabled", True):
         return fn
     inputs = {r.into for r in fn.body.refs if r.dir == "in" and r.into in fn.params
-              and _bytes(r) > target.cache_size("L2")}
+              and r.shape.nbytes > target.cache_size("L2")}
     cached = target.cache_size("L2") // 2
     stmts = tuple(_rows(s, inputs, cached) if isinstance(s, N.Block) and "fused" in s.tags
                   else s for s in fn.body.stmts)
@@ -106,13 +106,6 @@ def _marked_leaf(leaf: N.Block, view: str, index: str, rows: int, stride: int
         return None
     ahead = N.NextRow(view, index, rows, stride)
     return replace(leaf, schedule=replace(s, next_row=s.next_row + (ahead,)))
-
-
-def _bytes(ref: N.Refinement) -> int:
-    elems = 1
-    for size in ref.shape.sizes:
-        elems *= size
-    return elems * max(1, ref.shape.dtype.bits // 8)
 
 
 register("nextrow", nextrow, enabled=flag)

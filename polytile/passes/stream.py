@@ -56,7 +56,7 @@ def stream(fn: N.Function, target: Target, params: dict[str, Any]) -> N.Function
     threshold = multiple * target.cache_size("L3")
     chosen: dict[tuple[int, ...], list[str]] = {}
     for ref in fn.body.refs:
-        if ref.into not in fn.params or ref.dir == "in" or _bytes(ref) <= threshold:
+        if ref.into not in fn.params or ref.dir == "in" or ref.shape.nbytes <= threshold:
             continue
         leaf = _only_writer(fn.body, ref.into)
         if leaf is not None:
@@ -64,13 +64,6 @@ def stream(fn: N.Function, target: Target, params: dict[str, Any]) -> N.Function
     if not chosen:
         return fn
     return replace(fn, body=_marked(fn.body, (), chosen))
-
-
-def _bytes(ref: N.Refinement) -> int:
-    elems = 1
-    for size in ref.shape.sizes:
-        elems *= size
-    return elems * max(1, ref.shape.dtype.bits // 8)
 
 
 def _only_writer(body: N.Block, buffer: str) -> _Use | None:
