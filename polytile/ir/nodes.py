@@ -41,6 +41,8 @@ from polytile import dtypes
 from polytile.dtypes import DType
 
 AGG_OPS = ("assign", "add", "mul", "min", "max")
+# The value an aggregation starts from: a sum from 0, a maximum from -inf.
+AGG_IDENTITY = {"add": 0.0, "mul": 1.0, "max": float("-inf"), "min": float("inf")}
 DIRECTIONS = ("in", "out", "inout", "none")
 
 
@@ -391,6 +393,14 @@ class BlockSchedule:
       prefetches while it computes on this one (`NextRow`; pass `nextrow`): the row's
       first reader waits on memory, a later one reads the row from the caches and leaves
       the memory idle.
+    * folded: an init block whose writes the named later sibling, a contraction, makes
+      with its first writes (`analysis.fold` proves it; pass `fold`): it lowers to
+      nothing. The init stays in the IR, so the IR means what it meant;
+    * first: in that contraction's vector micro-kernel, the reduction indices passed in
+      from outer blocks; where they and its own reduction indices are 0, its stores
+      assign instead of aggregating (empty: its own alone; None: no fold). Since no init
+      brought the stored lines into the caches, it prefetches them for writing before
+      its sums.
     """
 
     micro: bool = False
@@ -412,6 +422,8 @@ class BlockSchedule:
     rows: RowGroup | None = None
     stream: tuple[str, ...] = ()
     next_row: tuple[NextRow, ...] = ()
+    folded: str | None = None
+    first: tuple[str, ...] | None = None
 
 
 # The element types whose buffers threads may accumulate privately (BlockSchedule.combine):

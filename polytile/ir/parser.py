@@ -218,16 +218,16 @@ class _Parser(TokenCursor[_Token]):
             fields[word] = True
             return
         if word not in ("parallel", "combine", "vector", "unroll", "order", "transpose",
-                        "boundary",
-                        "prefetch", "stream", "next_row", "tensorize", "stage", "across",
-                        "stitch", "mma", "rows",
+                        "boundary", "prefetch", "stream", "next_row", "folded", "first",
+                        "tensorize", "stage", "across", "stitch", "mma", "rows",
                         *GPU_KINDS):
             raise IRError(f"unknown schedule item {word!r}", item.loc,
                           "items: micro, vector(i, dtype, lanes), boundary(remainders|guarded), "
                           "unroll(i, ...), order(i, ...), transpose(width), parallel(i), "
                           "combine(buffer, ...), simd, "
                           "grid(i), thread(i), prefetch(distance), stream(view, ...), "
-                          "next_row(view, index, rows, stride), tensorize(instruction, i, k), "
+                          "next_row(view, index, rows, stride), folded(block), first(i, ...), "
+                          "tensorize(instruction, i, k), "
                           "stage(k, tile, A, ..., pad = n), across(k, threads), "
                           "stitch(for barrier, single, ...), mma(instruction, i, j, k, warps, warps, tiles, tiles), "
                           "rows(r, threads, single barrier, across, spread, ...)")
@@ -241,6 +241,9 @@ class _Parser(TokenCursor[_Token]):
         if word == "stream":
             fields[word] = self.listed(")", lambda: self.name("a view"))
             return
+        if word == "first":
+            fields[word] = self.listed(")", lambda: self.name("a reduction index"))
+            return
         if word == "stitch":
             fields[word] = Stitched(self.listed(")", self.phase))
             return
@@ -252,6 +255,8 @@ class _Parser(TokenCursor[_Token]):
             dtype = self.dtype()
             self.expect(",")
             fields["vector"] = VectorLoop(index, dtype, self.integer("the lanes"))
+        elif word == "folded":
+            fields["folded"] = self.name("the contraction that makes the writes")
         elif word == "transpose":
             fields["transpose"] = self.integer("the panel width")
         elif word == "prefetch":

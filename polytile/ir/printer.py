@@ -155,6 +155,8 @@ def format_schedule(s: BlockSchedule) -> str:
     items += [f"prefetch({s.prefetch})"] if s.prefetch else []
     items += [f"stream({', '.join(s.stream)})"] if s.stream else []
     items += [f"next_row({r.view}, {r.index}, {r.rows}, {r.stride})" for r in s.next_row]
+    items += [f"folded({s.folded})"] if s.folded is not None else []
+    items += [f"first({', '.join(s.first)})"] if s.first is not None else []
     if s.tensorize is not None:
         t = s.tensorize
         kept = ", kept" if t.kept else ""

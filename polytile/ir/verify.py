@@ -35,7 +35,9 @@ Schedules (`BlockSchedule`), which passes decide and backends print:
 * iterations of the parallel index write disjoint elements (isl), but for the
   buffers it combines (aggregation add, float types, at a place fixed across threads);
 * a stitched block's phases (`Stitched`) are its blocks, with a barrier after each one
-  that a later phase depends on (`polytile.ir.phases`).
+  that a later phase depends on (`polytile.ir.phases`);
+* an init `folded` into a later sibling folds by `analysis.fold`, whose micro-kernel
+  names the proof's indices in `first`; no `first` without such an init.
 """
 from __future__ import annotations
 
@@ -44,6 +46,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from polytile import dtypes
+from polytile.analysis.fold import chain, fold
 from polytile.errors import IRError
 from polytile.ir import intrinsics, polyhedra
 from polytile.ir import phases as phases_
@@ -88,6 +91,7 @@ def verify(fn: Function, target: Target | None = None) -> None:
     _check_params(fn)
     _check_block(fn.body, None, fn.body.name, target)
     _check_sets(Scope.root(fn.body), None)
+    _check_folds(Scope.root(fn.body), set())
 
 
 def _fail(path: str, message: str, hint: str | None = None) -> IRError:
@@ -563,6 +567,33 @@ def _check_sets(scope: Scope, parent: Block | None) -> None:
     for stmt in block.stmts:
         if isinstance(stmt, Block):
             _check_sets(scope.child(stmt), block)
+
+
+def _check_folds(scope: Scope, proved: set[int]) -> None:
+    """An init block `folded` into a later sibling folds by `analysis.fold`, and the
+    sibling's micro-kernel names the proof's reduction indices in `first`; a `first`
+    without such an init would leave its buffer unwritten (`proved`: the ids of the
+    micro-kernels of proved folds)."""
+    block = scope.block
+    if block.schedule.first is not None and id(block) not in proved:
+        raise _fail(scope.path, "first(...) without an init block folded into this contraction")
+    names = [st.name if isinstance(st, Block) else None for st in block.stmts]
+    for k, st in enumerate(block.stmts):
+        if not (isinstance(st, Block) and st.schedule.folded is not None):
+            continue
+        into = st.schedule.folded
+        j = names.index(into, k + 1) if into in names[k + 1:] else None
+        first = fold(scope, k, j) if j is not None else f"it has no later sibling {into}"
+        if isinstance(first, str):
+            raise _fail(f"{scope.path}/{st.name}", f"folded({into}) does not hold: {first}")
+        leaf = chain(block.stmts[j])[-1]
+        if leaf.schedule.first is None or sorted(leaf.schedule.first) != list(first):
+            raise _fail(f"{scope.path}/{into}", f"folding {st.name} needs block {leaf.name} "
+                        f"scheduled first({', '.join(first)})")
+        proved.add(id(leaf))
+    for stmt in block.stmts:
+        if isinstance(stmt, Block):
+            _check_folds(scope.child(stmt), proved)
 
 
 def _check_inside(scope: Scope, ref: Refinement, outer: Refinement) -> None:

@@ -1,0 +1,168 @@
+"""Whether a contraction's first writes can make an init block's writes (BLAS's beta = 0).
+
+A reduction `O(i) +=! ...` compiles to an init block that fills O with 0 and a
+contraction that adds into it. Once tiled, the contraction's vector micro-kernel keeps
+its sums in registers across its reduction loop and adds them into O after it:
+
+    block s0_init [...] #init (out o0 <- o0[...])     { $init = const(0, float32)
+                                                        o0 = store($init) }
+    block pack_p1 [...] (...)                           (touches no o0)
+    block s0 [i0_c:8, i4_c:2] (out o0 <- o0[...]:add)
+      block s0_tile [i4:128, i4_c = i4_c, ...] schedule(micro, vector(...), order(i4))
+
+At i4_c = 0 each element's sum is its first write: stored with assign instead of added,
+the init block need not run, and the kernel neither writes O once more nor reads it back
+(pass `fold`: `folded(s0)` on the init, `first(i4_c)` on the micro-kernel). `fold(scope,
+k, j)` proves that the init block `k` and the contraction `j` of scope's block may be
+folded so, and returns the micro-kernel's outer reduction indices (names passed into it),
+or why not. The conditions:
+
+* the init writes the aggregation's identity, the only thing it does, and exactly the
+  elements the contraction writes (isl); no statement between them touches the buffer;
+* the contraction is a chain of blocks, one inside the other, ending in a vector
+  micro-kernel (no dot product: its vector index is written) with one store, that reaches
+  the buffer through one view per level, writes it with one aggregation and never reads
+  it; no level combines it across threads or has a schedule beyond a parallel loop;
+* constraints bound reduction indices (those the written element does not depend on)
+  from above only, and every outer level's reduction index is passed into the
+  micro-kernel. Then an element written at all is written where its reduction indices
+  are 0 (a chunk cut short by `k + 128*k_c <= 699` still starts at 0), and since loops
+  run upwards from 0 in whatever order they nest, that write comes first.
+
+The IR's meaning does not change: the interpreter runs the init as before; the lowering
+(polytile.loops.vector) emits nothing for the init, and the micro-kernel's stores assign
+where its reduction indices (the outer ones, those it loops outside its sums, the
+unrolled ones) are 0.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from polytile.analysis.overwrite import touches
+from polytile.ir.nodes import AGG_IDENTITY, Affine, Block, BlockSchedule, Constant, Load, Refinement, Store
+from polytile.ir.polyhedra import WRITE, Scope, element_vars, footprint, to_set
+
+
+def fold(scope: Scope, k: int, j: int) -> tuple[str, ...] | str:
+    """The micro-kernel's outer reduction indices when the init block `k` of scope's
+    block folds into the contraction `j` (`k < j`), else why not."""
+    parent = scope.block
+    init, contraction = parent.stmts[k], parent.stmts[j]
+    if not (isinstance(init, Block) and isinstance(contraction, Block) and k < j):
+        return "the init and the contraction must be blocks, the init first"
+    buffer = _written(init)
+    if buffer is None:
+        return f"block {init.name} does more than fill one buffer with a constant"
+    if any(touches(st, buffer) for st in parent.stmts[k + 1:j]):
+        return f"a statement between {init.name} and {contraction.name} touches {buffer}"
+    first = _first(contraction, buffer, _constant(init))
+    if isinstance(first, str):
+        return first
+    elems = scope.variables + element_vars(scope.depth, len(parent.ref(buffer).shape.dims))
+    sets = [to_set(elems, [footprint(_only(scope, st), buffer, WRITE)])
+            for st in (init, contraction)]
+    if not sets[0].is_equal(sets[1]):
+        return f"{init.name} and {contraction.name} write different elements of {buffer}"
+    return first
+
+
+def chain(block: Block) -> list[Block]:
+    """`block` and the blocks nested one in the other below it, down to a leaf."""
+    levels = [block]
+    while True:
+        inner = [st for st in levels[-1].stmts if isinstance(st, Block)]
+        if len(inner) != 1 or len(levels[-1].stmts) != 1:
+            return levels if not inner else []
+        levels.append(inner[0])
+
+
+def _written(init: Block) -> str | None:
+    """The parent buffer the init fills, level by level through one assigning view."""
+    levels = chain(init)
+    if not levels:
+        return None
+    for level in levels:
+        if len(level.refs) != 1 or level.refs[0].dir != "out" or level.refs[0].agg != "assign":
+            return None
+    stmts = levels[-1].stmts
+    if not (len(stmts) == 2 and isinstance(stmts[0], Constant) and isinstance(stmts[1], Store)
+            and stmts[1].value == stmts[0].into and not stmts[1].dynamic):
+        return None
+    return init.refs[0].from_
+
+
+def _constant(init: Block) -> float:
+    leaf = chain(init)[-1]
+    value = leaf.stmts[0]
+    assert isinstance(value, Constant)
+    return float(value.value)
+
+
+def _first(contraction: Block, buffer: str, value: float) -> tuple[str, ...] | str:
+    levels = chain(contraction)
+    if not levels:
+        return f"block {contraction.name} is not a chain of blocks ending in a leaf"
+    views, name = [], buffer
+    for level in levels:
+        found = [r for r in level.refs if r.from_ == name]
+        if len(found) != 1 or found[0].dir != "out":
+            return f"block {level.name} must write {name} through one view and read none of it"
+        if AGG_IDENTITY.get(found[0].agg) != value:
+            return (f"{buffer} starts at {value}, not the identity of block {level.name}'s "
+                    f"aggregation {found[0].agg}")
+        views.append(found[0])
+        name = found[0].into
+    if len({v.agg for v in views}) != 1:
+        return f"block {contraction.name}'s levels write {buffer} with different aggregations"
+    written = _written_indices(levels, views)
+    outer: dict[str, str] = {}      # an outer level's reduction index -> its name here
+    for depth, level in enumerate(levels):
+        passed = {i.affine.names[0]: i.name for i in level.idxs
+                  if i.affine is not None and i.affine == Affine.index(i.affine.names[0])}
+        mixed = [i.name for i in level.idxs if i.affine is not None and i.name not in
+                 passed.values() and set(i.affine.names) & set(outer.values())]
+        lost = sorted(o for o in outer.values() if o not in passed)
+        if mixed or lost:
+            return (f"block {level.name} is not passed the reduction indices "
+                    f"{lost or mixed} as they are")
+        outer = {o: passed[here] for o, here in outer.items()}
+        own = {i.name for i in level.idxs if i.affine is None and i.name not in written[depth]}
+        reductions = own | set(outer.values())
+        if any(c.coeff(r) > 0 for c in level.constraints for r in reductions):
+            return f"a constraint of block {level.name} bounds a reduction index from below"
+        s = level.schedule
+        if views[depth].into in s.combine or s.parallel in own:
+            return f"block {level.name} runs its reduction across threads"
+        if depth < len(levels) - 1:
+            if replace(s, parallel=None) != BlockSchedule():
+                return f"block {level.name} has a schedule beyond a parallel loop"
+            outer.update({r: r for r in own})
+    leaf = levels[-1]
+    s = leaf.schedule
+    if not (s.micro and s.vector is not None and s.vector.index in written[-1]
+            and s.boundary in (None, "remainders") and not s.stream
+            and replace(s, micro=False, vector=None, boundary=None, unroll=(), order=(),
+                        prefetch=0, next_row=(), first=None) == BlockSchedule()):
+        return f"block {leaf.name} is not a vector outer-product micro-kernel"
+    stores = [st for st in leaf.stmts if isinstance(st, Store)]
+    if len(stores) != 1 or stores[0].ref != name or stores[0].dynamic or \
+            any(isinstance(st, Load) and st.ref == name for st in leaf.stmts):
+        return f"block {leaf.name} must store into {name} once and never load it"
+    return tuple(sorted(outer.values()))
+
+
+def _written_indices(levels: list[Block], views: list[Refinement]) -> list[set[str]]:
+    """Per level, the indices the written element depends on: those of its view, and
+    those passed into a level below where they are written there."""
+    below: set[str] = set()
+    out: list[set[str]] = []
+    for level, view in zip(reversed(levels), reversed(views)):
+        names = {n for a in view.access for n in a.names}
+        passed = {i.name: i.affine for i in level.idxs if i.affine is not None}
+        out.append({n for n in names | below if n not in passed})
+        below = {m for n in names | below if n in passed for m in passed[n].names}
+    return list(reversed(out))
+
+
+def _only(scope: Scope, st: Block) -> Scope:
+    return replace(scope, block=replace(scope.block, stmts=(st,)))
