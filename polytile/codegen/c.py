@@ -328,7 +328,8 @@ class _Printer:
         if isinstance(st, L.Instruction):
             return self.instruction(st)
         if isinstance(st, L.Prefetch):
-            return [f"__builtin_prefetch(&{self.element(st.buffer, st.offset)});"]
+            write = ", 1" if st.write else ""
+            return [f"__builtin_prefetch(&{self.element(st.buffer, st.offset)}{write});"]
         if isinstance(st, L.Fence):
             self.streams = True
             return ["pt_sfence();"]

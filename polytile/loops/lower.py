@@ -198,6 +198,9 @@ class Lowering:
     # ------------------------------------------------------------ blocks
 
     def block(self, blk: Block, outer: Scope, root: bool = False) -> list[L.Stmt]:
+        if blk.schedule.folded is not None:     # analysis.fold: a contraction writes it
+            return [L.Comment(f"block {safe(blk.name)}: made by the first writes of "
+                              f"{safe(blk.schedule.folded)}")]
         if blk.schedule.stitch is not None:
             from polytile.loops import region
             return region.lower_block(self, blk, outer)

@@ -344,6 +344,7 @@ class Comment:
 class Prefetch:
     buffer: str
     offset: Affine
+    write: bool = False             # the line will be written (fetched for ownership)
 
 
 @dataclass(frozen=True)

@@ -131,7 +131,8 @@ def _stmts(stmts: tuple[L.Stmt, ...], depth: int) -> list[str]:
                        f"{st.buffer}[{st.state}:]):")
             out += _stmts(st.body, depth + 1)
         elif isinstance(st, L.Prefetch):
-            out.append(f"{pad}prefetch {_access(st.buffer, st.offset, 1, None)}")
+            write = " for writing" if st.write else ""
+            out.append(f"{pad}prefetch{write} {_access(st.buffer, st.offset, 1, None)}")
         elif isinstance(st, L.Barrier):
             out.append(f"{pad}barrier {st.space}")
         elif isinstance(st, L.Region):

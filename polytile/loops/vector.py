@@ -35,7 +35,8 @@ from polytile.analysis.vectorizable import (boundary_versions, lane_bound, tile_
                                            why_not_vector)
 from polytile.codegen.cops import VECTOR_IDENTITIES
 from polytile.errors import IRError
-from polytile.ir.nodes import Affine, Block, Constant, Intrinsic, Load, LoadIndex, Store
+from polytile.ir.nodes import (AGG_IDENTITY, Affine, Block, Constant, Intrinsic, Load, LoadIndex,
+                               Store)
 from polytile.loops import nodes as L
 from polytile.loops.views import Scope, View, child_view, fixed_indices, resolve, safe
 
@@ -44,7 +45,6 @@ if TYPE_CHECKING:
 
 LINE_BYTES = 64     # a cache line: the prefetched rows' lines are this far apart
 DOT_CHAINS = 4      # independent accumulator chains a dot-product kernel keeps at least
-IDENTITY = {"add": 0.0, "mul": 1.0, "max": float("-inf"), "min": float("inf")}
 INT64 = L.VType(dtypes.INT64)
 
 
@@ -269,9 +269,10 @@ class _Emitter:
         chunks = [(c * p.lanes, min(p.lanes, p.vec_range - c * p.lanes))
                   for c in range(-(-p.vec_range // p.lanes))]
         accumulate = bool(p.red_loops)
+        first = self._first_write(idx)
         pre: list[L.Stmt] = []
         body: list[L.Stmt] = []
-        post: list[L.Stmt] = []
+        post: list[tuple[dict[str, int], L.Store]] = []
         memo: dict = {}
         for combo in combos:
             for base, width in chunks:
@@ -286,15 +287,51 @@ class _Emitter:
                 # Masked tails stay plain stores: a streaming store writes whole vectors.
                 streams = count is None and self.out.into in self.blk.schedule.stream
                 if not accumulate:
-                    body.append(L.Store(view.ptr, view.offset, value, p.agg, count, streams))
+                    store = L.Store(view.ptr, view.offset, value, p.agg, count, streams)
+                    if first is None:
+                        body.append(store)
+                    else:
+                        post.append((combo, store))
                     continue
                 acc = self.low.fresh("acc")
-                pre.append(L.Var(acc, p.vtype, L.Lit(IDENTITY[p.agg])))
+                pre.append(L.Var(acc, p.vtype, L.Lit(AGG_IDENTITY[p.agg])))
                 body.append(L.Assign(acc, L.Combine(p.agg, acc, value)))
-                post.append(L.Store(view.ptr, view.offset, acc, p.agg, count, streams))
+                post.append((combo, L.Store(view.ptr, view.offset, acc, p.agg, count, streams)))
         if self.blk.schedule.prefetch and p.red_loops:
             body = self.prefetches(idx, combos) + body
-        return pre + self._red_loops(idx, body) + post
+        if first is not None and accumulate:
+            # No init brought the tile's lines into the caches: fetch them while it sums.
+            pre += [L.Prefetch(store.buffer, store.offset, write=True) for _, store in post]
+        return pre + self._red_loops(idx, body) + self._first_writes(first, post)
+
+    def _first_write(self, idx: dict[str, Affine]) -> tuple[Affine, ...] | None:
+        """Where an element's first write happens (schedule `first`, pass `fold`): the
+        conditions (each >= 0) that the outer reduction indices and those looped outside
+        the sums are 0; None without a fold."""
+        names = self.blk.schedule.first
+        if names is None:
+            return None
+        written = {n for a in self.out.access for n in a.names}
+        outside = [*names, *(n for n, _ in self.p.par_loops if n not in written)]
+        conds = [idx[n].scale(-1) for n in outside]
+        if any(not c.terms and c.const < 0 for c in conds):
+            raise IRError(f"block {self.blk.name} folds an init into its first writes, but a "
+                          "reduction index it names never is 0")
+        return tuple(c for c in conds if c.terms)
+
+    def _first_writes(self, first: tuple[Affine, ...] | None,
+                      post: list[tuple[dict[str, int], L.Store]]) -> list[L.Stmt]:
+        """The stores after the sums: aggregating, and with a fold, assigning where
+        `first` holds for the unrolled copies whose reduction indices are 0."""
+        plain: list[L.Stmt] = [store for _, store in post]
+        if first is None:
+            return plain
+        written = {n for a in self.out.access for n in a.names}
+        reductions = [u for u in self.p.unroll if u not in written]
+        assign: list[L.Stmt] = [replace(store, agg="assign")
+                                if all(combo[u] == 0 for u in reductions) else store
+                                for combo, store in post]
+        return [L.If(first, tuple(assign), tuple(plain))] if first else assign
 
     def prefetches(self, idx: dict[str, Affine], combos: list[dict[str, int]]
                    ) -> list[L.Stmt]:
@@ -374,7 +411,7 @@ class _Emitter:
         # previous result every chunk.
         copies = max(1, min(DOT_CHAINS // len(combos), start // p.lanes))
         accs = [[low.fresh("acc") for _ in combos] for _ in range(copies)]
-        pre: list[L.Stmt] = [L.Var(a, p.vtype, L.Lit(IDENTITY[p.agg]))
+        pre: list[L.Stmt] = [L.Var(a, p.vtype, L.Lit(AGG_IDENTITY[p.agg]))
                              for row in accs for a in row]
 
         def step(base: Affine, n: int, row: list[str]) -> list[L.Stmt]:
@@ -387,7 +424,7 @@ class _Emitter:
                 if n < p.lanes:
                     masked = low.fresh("v")
                     body.append(L.Let(masked, p.vtype,
-                                      L.Mask(value, Affine.constant(n), IDENTITY[p.agg])))
+                                      L.Mask(value, Affine.constant(n), AGG_IDENTITY[p.agg])))
                     value = masked
                 body.append(L.Assign(acc, L.Combine(p.agg, acc, value)))
             return body
