@@ -40,7 +40,7 @@ from dataclasses import replace
 
 from polytile.analysis.overwrite import touches
 from polytile.ir.nodes import AGG_IDENTITY, Affine, Block, BlockSchedule, Constant, Load, Refinement, Store
-from polytile.ir.polyhedra import WRITE, Scope, element_vars, footprint, to_set
+from polytile.ir.polyhedra import WRITE, Conj, Scope, distinct, element_vars, footprint, to_set
 
 
 def fold(scope: Scope, k: int, j: int) -> tuple[str, ...] | str:
@@ -58,6 +58,8 @@ def fold(scope: Scope, k: int, j: int) -> tuple[str, ...] | str:
     first = _first(contraction, buffer, _constant(init))
     if isinstance(first, str):
         return first
+    if not _one_point_per_element(scope.child(contraction), buffer):
+        return f"{contraction.name} writes an element from two points of its output indices"
     elems = scope.variables + element_vars(scope.depth, len(parent.ref(buffer).shape.dims))
     sets = [to_set(elems, [footprint(_only(scope, st), buffer, WRITE)])
             for st in (init, contraction)]
@@ -162,6 +164,34 @@ def _written_indices(levels: list[Block], views: list[Refinement]) -> list[set[s
         out.append({n for n in names | below if n not in passed})
         below = {m for n in names | below if n in passed for m in passed[n].names}
     return list(reversed(out))
+
+
+def _one_point_per_element(top: Scope, buffer: str) -> bool:
+    """Whether iterations of the chain below `top` that write one element differ in
+    reduction indices only (isl): a scatter `x(p + r) += ...` writes an element from
+    several (p, r), and its first write is not where r is 0."""
+    levels, name = chain(top.block), buffer
+    scopes, views = [top], []
+    for level in levels:
+        views.append(next(r for r in level.refs if r.from_ == name))
+        name = views[-1].into
+        if level is not levels[-1]:
+            scopes.append(scopes[-1].child(next(st for st in level.stmts
+                                                if isinstance(st, Block))))
+    written = _written_indices(levels, views)
+    mine = [v for sc in scopes for v in sc.own]
+    other = {v: f"{v}_q" for v in mine}
+    output = [v for sc, names in zip(scopes, written) for v, i in zip(sc.own, sc.block.idxs)
+              if i.affine is None and i.name in names]
+    leaf = scopes[-1]
+    same = tuple(sum((sc.affine(view.access[d]) for sc, view in zip(scopes, views)),
+                     Affine()) for d in range(len(views[0].access)))
+    there = leaf.domain.rename(other)
+    eqs = tuple(a - a.substitute({v: Affine.index(q) for v, q in other.items()}) for a in same)
+    free = leaf.variables + tuple(other.values())
+    points = to_set(free, [(leaf.domain & there & Conj((), eqs, ()),), distinct(
+        (v, other[v]) for v in output)])
+    return bool(points.is_empty())
 
 
 def _only(scope: Scope, st: Block) -> Scope:

@@ -51,6 +51,13 @@ def test_programs_it_leaves_alone() -> None:
     for source in (ones, read):
         fn = _scheduled(source, {"A": (40, 300)})
         assert fold(fn, AVX2, {}) == fn, source
+    # A scatter writes x[.., 2] from (p, r) = (0, 2), (1, 1), (2, 0): its first write is
+    # not where the reduction index c is 0.
+    tconv = ("def tconv(float(N,C,P,Q) y, float(C,K,R,S) w) -> (x) {\n"
+             "  x(n,k,h,v) = 0 where n in 0:N, k in 0:K, h in 0:P+R-1, v in 0:Q+S-1\n"
+             "  x(n,k,p+r,q+s) += y(n,c,p,q) * w(c,k,r,s)\n}\n")
+    fn = _scheduled(tconv, {"y": (2, 3, 5, 17), "w": (3, 4, 3, 2)})
+    assert fold(fn, AVX2, {}) == fn
 
 
 def _with_leaf(top: N.Block, edit) -> N.Block:  # type: ignore[no-untyped-def]
