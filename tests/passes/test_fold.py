@@ -8,6 +8,8 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import polytile as pt
 from polytile.analysis.fold import chain
@@ -133,3 +135,20 @@ def test_a_shift_convolution_folds_behind_its_gathered_copy() -> None:
         want += np.einsum("nhw,k->nkhw",
                           x[:, c, 1 + sh[c]:12 + sh[c], 1 + sw[c]:10 + sw[c]], f[c])
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+@settings(max_examples=12, deadline=None)
+@given(m=st.integers(1, 40), n=st.integers(1, 70), k=st.integers(1, 600),
+       batch=st.integers(1, 3), seed=st.integers(0, 1000))
+def test_folded_contractions_agree_with_numpy(m: int, n: int, k: int, batch: int,
+                                              seed: int) -> None:
+    """Whatever the sizes (a reduction cut into chunks or not, tiles cut short, products
+    the pipeline folds or not), a batched product equals NumPy's."""
+    source = ("def bmm(float(B,M,K) X, float(B,N,K) Y) -> (Z) {\n"
+              "  Z(b,m,n) +=! X(b,m,k) * Y(b,n,k)\n}\n")
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((batch, m, k)).astype(np.float32)
+    y = rng.standard_normal((batch, n, 2 * k)).astype(np.float32)[:, :, ::2]
+    got = pt.define(source).bmm(x, y)
+    want = np.einsum("bmk,bnk->bmn", x.astype(np.float64), y.astype(np.float64))
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.sqrt(k))
