@@ -39,7 +39,16 @@ from __future__ import annotations
 from dataclasses import replace
 
 from polytile.analysis.overwrite import touches
-from polytile.ir.nodes import AGG_IDENTITY, Affine, Block, BlockSchedule, Constant, Load, Refinement, Store
+from polytile.ir.nodes import (
+    AGG_IDENTITY,
+    Affine,
+    Block,
+    BlockSchedule,
+    Constant,
+    Load,
+    Refinement,
+    Store,
+)
 from polytile.ir.polyhedra import WRITE, Conj, Scope, distinct, element_vars, footprint, to_set
 
 
@@ -117,7 +126,7 @@ def _first(contraction: Block, buffer: str, value: float) -> tuple[str, ...] | s
     if len({v.agg for v in views}) != 1:
         return f"block {contraction.name}'s levels write {buffer} with different aggregations"
     written = _written_indices(levels, views)
-    outer: dict[str, str] = {}      # an outer level's reduction index -> its name here
+    outer: dict[tuple[int, str], str] = {}  # (level, reduction index there) -> name here
     for depth, level in enumerate(levels):
         passed = {i.affine.names[0]: i.name for i in level.idxs
                   if i.affine is not None and i.affine == Affine.index(i.affine.names[0])}
@@ -138,7 +147,7 @@ def _first(contraction: Block, buffer: str, value: float) -> tuple[str, ...] | s
         if depth < len(levels) - 1:
             if replace(s, parallel=None) != BlockSchedule():
                 return f"block {level.name} has a schedule beyond a parallel loop"
-            outer.update({r: r for r in own})
+            outer.update({(depth, r): r for r in own})
     leaf = levels[-1]
     s = leaf.schedule
     if not (s.micro and s.vector is not None and s.vector.index in written[-1]

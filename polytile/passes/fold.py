@@ -22,7 +22,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from polytile.analysis.fold import chain, fold as proof
+from polytile.analysis.fold import chain
+from polytile.analysis.fold import fold as proof
 from polytile.analysis.overwrite import touches
 from polytile.ir import nodes as N
 from polytile.ir.polyhedra import Scope

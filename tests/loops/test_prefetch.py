@@ -16,7 +16,7 @@ from polytile.loops import nodes as L
 from polytile.loops.lower import lower
 from polytile.passes.schedule import Schedule
 
-from .test_lowering import agree, compiled_ir
+from .test_lowering import compiled_ir
 
 BAG = "def bag(float(E,D) T, int(B,L) I) -> (O) {\n  O(b,d) +=! T(I(b,l), d)\n}\n"
 
