@@ -1,0 +1,93 @@
+"""A/B of pipeline options on `polytile bench`'s workloads, timed in one process.
+
+    python benchmarks/option_ab.py --only shiftconv-einsum,gconv --after fold.enabled=false
+    python benchmarks/option_ab.py --only tmm --before autotile.xyz=1 --after '' --rounds 9
+
+Each workload's TC function is compiled twice, with the `--before` and `--after` pipeline
+options (`pass.param=value`, comma-separated; empty: the defaults), and both kernels are
+timed the way `polytile bench` times implementations (polytile.bench.timing.time_blocks:
+blocks of calls, settled between, their order rotating), called through the Python API
+as a user calls them (outputs from the pool, arguments checked). Both see the same
+machine state, so the ratio holds on a shared host where two `polytile bench` runs do
+not compare; `benchmarks/kernel_ab.py` compares two checkouts' C instead, but alternates
+single calls, and there the two sides evict each other's outputs from the caches.
+Prints each side's median and the ratio, and whether the outputs agree.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from polytile.api import Module  # noqa: E402
+from polytile.bench.fusion_workloads import fusion_set  # noqa: E402
+from polytile.bench.timing import TimingOptions, time_blocks  # noqa: E402
+from polytile.bench.training import training_set  # noqa: E402
+from polytile.bench.workloads import full_set  # noqa: E402
+from polytile.compile import Compiler  # noqa: E402
+from polytile.config import load_config  # noqa: E402
+from polytile.lang.parser import parse  # noqa: E402
+from polytile.sema.analyze import analyze  # noqa: E402
+from polytile.targets.target import select_target  # noqa: E402
+
+
+def options(text: str) -> dict[str, Any]:
+    """`fold.enabled=false,pack.enabled=true` as pipeline options (values as JSON)."""
+    out: dict[str, Any] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        key, eq, value = item.partition("=")
+        if not eq:
+            raise SystemExit(f"option {item!r} is not pass.param=value")
+        try:
+            out[key] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key] = value
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", required=True,
+                        help="workload families or full names, as polytile bench --only")
+    parser.add_argument("--before", default="", help="pipeline options of side A")
+    parser.add_argument("--after", default="", help="pipeline options of side B")
+    parser.add_argument("--rounds", type=int, default=7)
+    args = parser.parse_args(argv)
+    wanted = {w.strip() for w in args.only.split(",")}
+    workloads = [w for w in full_set() + fusion_set(False) + training_set(False)
+                 if w.key in wanted or f"{w.key} {'x'.join(str(v) for _, v in w.sizes)}"
+                 in wanted]
+    if not workloads:
+        raise SystemExit(f"no workload named {sorted(wanted)}")
+    config = load_config()
+    target = select_target(config.target)
+    sides = {"before": options(args.before), "after": options(args.after)}
+    print(f"target {target.name}; before {sides['before'] or 'defaults'}, "
+          f"after {sides['after'] or 'defaults'}")
+    for w in workloads:
+        rng = np.random.default_rng(0)
+        call_args = w.tc_arguments(w.make_inputs(rng))
+        program = analyze(parse(w.tc, w.key))
+        fns = {side: getattr(Module(w.tc, program, "c", Compiler(config, target, opts)),
+                             w.function) for side, opts in sides.items()}
+        results = {side: fn(*call_args) for side, fn in fns.items()}
+        agree = all(np.allclose(a, b, rtol=w.rtol, atol=w.atol) for a, b in zip(
+            *(r if isinstance(r, tuple) else (r,) for r in results.values())))
+        timings = time_blocks({side: (lambda f=fn: f(*call_args)) for side, fn in fns.items()},
+                              TimingOptions(rounds=args.rounds))
+        a, b = timings["before"].median, timings["after"].median
+        name = f"{w.key} {'x'.join(str(v) for _, v in w.sizes)}"
+        print(f"{name:36s} before {a * 1e3:9.3f} ms  after {b * 1e3:9.3f} ms  "
+              f"after/before {b / a:5.2f}  outputs agree: {agree}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
