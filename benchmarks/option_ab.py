@@ -26,16 +26,16 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from polytile.api import Module  # noqa: E402
-from polytile.bench.fusion_workloads import fusion_set  # noqa: E402
-from polytile.bench.timing import TimingOptions, time_blocks  # noqa: E402
-from polytile.bench.training import training_set  # noqa: E402
-from polytile.bench.workloads import full_set  # noqa: E402
-from polytile.compile import Compiler  # noqa: E402
-from polytile.config import load_config  # noqa: E402
-from polytile.lang.parser import parse  # noqa: E402
-from polytile.sema.analyze import analyze  # noqa: E402
-from polytile.targets.target import select_target  # noqa: E402
+from polytile.api import Module
+from polytile.bench.fusion_workloads import fusion_set
+from polytile.bench.timing import TimingOptions, time_blocks
+from polytile.bench.training import training_set
+from polytile.bench.workloads import full_set
+from polytile.compile import Compiler
+from polytile.config import load_config
+from polytile.lang.parser import parse
+from polytile.sema.analyze import analyze
+from polytile.targets.target import select_target
 
 
 def options(text: str) -> dict[str, Any]:
@@ -80,8 +80,8 @@ def main(argv: list[str] | None = None) -> int:
         results = {side: fn(*call_args) for side, fn in fns.items()}
         agree = all(np.allclose(a, b, rtol=w.rtol, atol=w.atol) for a, b in zip(
             *(r if isinstance(r, tuple) else (r,) for r in results.values())))
-        timings = time_blocks({side: (lambda f=fn: f(*call_args)) for side, fn in fns.items()},
-                              TimingOptions(rounds=args.rounds))
+        calls = {side: (lambda f=fn, a=call_args: f(*a)) for side, fn in fns.items()}
+        timings = time_blocks(calls, TimingOptions(rounds=args.rounds))
         a, b = timings["before"].median, timings["after"].median
         name = f"{w.key} {'x'.join(str(v) for _, v in w.sizes)}"
         print(f"{name:36s} before {a * 1e3:9.3f} ms  after {b * 1e3:9.3f} ms  "
