@@ -20,7 +20,8 @@ or why not. The conditions:
 * the init writes the aggregation's identity, the only thing it does, and exactly the
   elements the contraction writes (isl); no statement between them touches the buffer;
 * the contraction is a chain of blocks, one inside the other, ending in a vector
-  micro-kernel (no dot product: its vector index is written) with one store, that reaches
+  micro-kernel (no dot product: its vector index is written; no unrolled reduction
+  index, whose copies would each store) with one store, that reaches
   the buffer through one view per level, writes it with one aggregation and never reads
   it; no level combines it across threads or has a schedule beyond a parallel loop;
 * constraints bound reduction indices (those the written element does not depend on)
@@ -31,8 +32,7 @@ or why not. The conditions:
 
 The IR's meaning does not change: the interpreter runs the init as before; the lowering
 (polytile.loops.vector) emits nothing for the init, and the micro-kernel's stores assign
-where its reduction indices (the outer ones, those it loops outside its sums, the
-unrolled ones) are 0.
+where its reduction indices (the outer ones and those it loops outside its sums) are 0.
 """
 from __future__ import annotations
 
@@ -151,6 +151,7 @@ def _first(contraction: Block, buffer: str, value: float) -> tuple[str, ...] | s
     leaf = levels[-1]
     s = leaf.schedule
     if not (s.micro and s.vector is not None and s.vector.index in written[-1]
+            and set(s.unroll) <= written[-1]
             and s.boundary in (None, "remainders") and not s.stream
             and replace(s, micro=False, vector=None, boundary=None, unroll=(), order=(),
                         prefetch=0, next_row=(), first=None) == BlockSchedule()):

@@ -272,7 +272,7 @@ class _Emitter:
         first = self._first_write(idx)
         pre: list[L.Stmt] = []
         body: list[L.Stmt] = []
-        post: list[tuple[dict[str, int], L.Store]] = []
+        post: list[L.Store] = []
         memo: dict = {}
         for combo in combos:
             for base, width in chunks:
@@ -291,17 +291,17 @@ class _Emitter:
                     if first is None:
                         body.append(store)
                     else:
-                        post.append((combo, store))
+                        post.append(store)
                     continue
                 acc = self.low.fresh("acc")
                 pre.append(L.Var(acc, p.vtype, L.Lit(AGG_IDENTITY[p.agg])))
                 body.append(L.Assign(acc, L.Combine(p.agg, acc, value)))
-                post.append((combo, L.Store(view.ptr, view.offset, acc, p.agg, count, streams)))
+                post.append(L.Store(view.ptr, view.offset, acc, p.agg, count, streams))
         if self.blk.schedule.prefetch and p.red_loops:
             body = self.prefetches(idx, combos) + body
         if first is not None and accumulate:
             # No init brought the tile's lines into the caches: fetch them while it sums.
-            pre += [L.Prefetch(store.buffer, store.offset, write=True) for _, store in post]
+            pre += [L.Prefetch(store.buffer, store.offset, write=True) for store in post]
         return pre + self._red_loops(idx, body) + self._first_writes(first, post)
 
     def _first_write(self, idx: dict[str, Affine]) -> tuple[Affine, ...] | None:
@@ -319,19 +319,14 @@ class _Emitter:
                           "reduction index it names never is 0")
         return tuple(c for c in conds if c.terms)
 
-    def _first_writes(self, first: tuple[Affine, ...] | None,
-                      post: list[tuple[dict[str, int], L.Store]]) -> list[L.Stmt]:
+    @staticmethod
+    def _first_writes(first: tuple[Affine, ...] | None, post: list[L.Store]) -> list[L.Stmt]:
         """The stores after the sums: aggregating, and with a fold, assigning where
-        `first` holds for the unrolled copies whose reduction indices are 0."""
-        plain: list[L.Stmt] = [store for _, store in post]
+        `first` holds (analysis.fold: no unrolled index is a reduction index)."""
         if first is None:
-            return plain
-        written = {n for a in self.out.access for n in a.names}
-        reductions = [u for u in self.p.unroll if u not in written]
-        assign: list[L.Stmt] = [replace(store, agg="assign")
-                                if all(combo[u] == 0 for u in reductions) else store
-                                for combo, store in post]
-        return [L.If(first, tuple(assign), tuple(plain))] if first else assign
+            return list(post)
+        assign = tuple(replace(store, agg="assign") for store in post)
+        return [L.If(first, assign, tuple(post))] if first else list(assign)
 
     def prefetches(self, idx: dict[str, Affine], combos: list[dict[str, int]]
                    ) -> list[L.Stmt]:

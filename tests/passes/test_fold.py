@@ -16,6 +16,7 @@ from polytile.analysis.fold import chain
 from polytile.errors import IRError
 from polytile.ir import nodes as N
 from polytile.ir.verify import verify
+from polytile.loops import interp as loops_interp
 from polytile.loops.lower import lower
 from polytile.loops.text import kernel_text
 from polytile.passes.fold import fold
@@ -93,6 +94,27 @@ def test_the_verifier_refuses_unproved_folds() -> None:
     elsewhere = replace(init, schedule=replace(init.schedule, folded="s9"))
     with pytest.raises(IRError, match="no later sibling s9"):
         verify(with_block(after, "s0_init", elsewhere))
+
+
+@pytest.mark.parametrize("order", [("k", "m"), ("m", "k")])
+def test_first_writes_in_either_loop_order(order: tuple[str, ...]) -> None:
+    """With k looped outside the sums (order k, m: no register sums, a store per k), the
+    stores assign at k = 0 of the first chunk only; the loop IR interpreter starts the
+    output at random values, so a missed or extra assignment shows."""
+    fn = fold(_scheduled(TMM, TMM_SHAPES), AVX2, {})
+    contraction = block(fn, "s0")
+    edited = with_block(fn, "s0", _with_leaf(contraction, lambda leaf: replace(
+        leaf, schedule=replace(leaf.schedule, unroll=("n_o",), order=order))))
+    verify(edited)
+    text = kernel_text(lower(edited))
+    assert ("add= " in text) and (" = acc" in text or "] = v" in text)
+    rng = np.random.default_rng(4)
+    buffers = {name: rng.standard_normal(shape).astype(np.float32)
+               for name, shape in (("A", (37, 700)), ("B", (45, 700)), ("C", (37, 45)))}
+    lowered_run = {k: v.copy() for k, v in buffers.items()}
+    loops_interp.run(edited, lowered_run)            # C starts at random values
+    want = buffers["A"].astype(np.float64) @ buffers["B"].T.astype(np.float64)
+    np.testing.assert_allclose(lowered_run["C"], want, rtol=1e-4, atol=2e-3)
 
 
 MATMULS = [
