@@ -4,9 +4,10 @@ kernel's compulsory bytes (issue 17's target: moved <= 1.2x inputs + outputs).
     for k in kernel_traffic(compiler.ir(spec)):
         print(k.name, k.moved, k.compulsory, k.ratio)
 
-A kernel is a top-level statement of the function's body (a fused row loop, a stitched
-block, a single statement's block, a hoisted initialization): what `bench --fusion`
-counts as "kernels". The model, exact over the IR and blind to caches:
+A kernel is a top-level block of the function's body (a fused row loop, a stitched
+block, a single statement's block, a hoisted initialization), but an init that pass fold
+made a contraction's first writes (it runs nowhere): what `bench --fusion` counts as
+"kernels" (`kernels`). The model, exact over the IR and blind to caches:
 
 * **Memory buffers** are the function's inputs, outputs and top-level locals (pool or
   stack temporaries shared by kernels). A local a kernel declares itself (a row buffer
@@ -66,18 +67,23 @@ class _Footprints:
     writes: dict[str, isl.Set]
 
 
+def kernels(fn: Function) -> list[Block]:
+    """The kernels of `fn`, in order (see the module docstring)."""
+    return [st for st in fn.body.stmts if isinstance(st, Block) and st.schedule.folded is None]
+
+
 def kernel_traffic(fn: Function) -> tuple[KernelTraffic, ...]:
-    """The traffic of every kernel of `fn` (its body's statements), in order."""
+    """The traffic of every kernel of `fn`, in order."""
     body = fn.body
     root = Scope.root(body)
     width = {r.into: r.shape.dtype.bits // 8 or 1 for r in body.refs}
     top = {name: _View(name, (0,) * len(body.ref(name).shape.dims)) for name in width}
-    kernels = [st for st in body.stmts if isinstance(st, Block)]
-    whole = [_footprints(root.child(k), top) for k in kernels]
+    kernels_ = kernels(fn)
+    whole = [_footprints(root.child(k), top) for k in kernels_]
     inputs = {r.into for r in body.refs if r.dir == "in"}
     outputs = {name for name in fn.params if body.ref(name).dir in ("out", "inout")}
     result = []
-    for n, kernel in enumerate(kernels):
+    for n, kernel in enumerate(kernels_):
         live_in = inputs | {b for f in whole[:n] for b in f.writes}
         live_out = outputs | {b for f in whole[n + 1:] for b in f.reads}
         compulsory = (sum(_bytes(s, width[b]) for b, s in whole[n].reads.items() if b in live_in)

@@ -72,6 +72,7 @@ def specialized(w: Workload, args: tuple[Any, ...]) -> Any:
 def compiled_call(spec: Any, options: dict[str, Any]) -> tuple[Callable[..., Any], int, Any]:
     """A NumPy-in, NumPy-out call of the function compiled with `options`, how many
     top-level loop nests (kernels) its optimized IR has, and that IR (ir.nodes.Function)."""
+    from polytile.analysis.traffic import kernels
     from polytile.compile import Compiler
     from polytile.config import load_config
     from polytile.targets.target import select_target
@@ -89,7 +90,7 @@ def compiled_call(spec: Any, options: dict[str, Any]) -> tuple[Callable[..., Any
         built.run(inputs, scalars, outs)
         values = tuple(outs[o.name] for o in fn.outputs)
         return values if len(values) > 1 else values[0]
-    return call, len(ir.body.stmts), ir
+    return call, len(kernels(ir)), ir
 
 
 def _run_one(w: Workload, options: TimingOptions, use_torch: bool, use_compile: bool,

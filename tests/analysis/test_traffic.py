@@ -8,7 +8,7 @@ from typing import Any
 from passes.helpers import target
 from passes.test_stitch import TWO_SHAPES
 
-from polytile.analysis.traffic import format_traffic, kernel_traffic, largest
+from polytile.analysis.traffic import format_traffic, kernel_traffic, kernels, largest
 from polytile.compile import Compiler
 from polytile.config import load_config
 from polytile.ir import nodes as N
@@ -87,3 +87,13 @@ def test_the_printout_and_the_largest_ratio() -> None:
     text = format_traffic(traffic)
     assert f"{heaviest.name:<16} {heaviest.moved} / {heaviest.compulsory} B" in text
     assert largest(()) is None
+
+
+def test_an_init_folded_into_a_contraction_is_no_kernel() -> None:
+    source = "def mm(float(M,K) A, float(N,K) B) -> (C) {\n  C(m,n) +=! A(m,k) * B(n,k)\n}\n"
+    fn = analyze(parse(source, "<test>")).functions[0]
+    compiler = Compiler(load_config(), target("cpu-avx2"))
+    ir = compiler.ir(specialize(fn, {"A": (37, 700), "B": (45, 700)}, {}))
+    assert [b.name for b in kernels(ir)] == ["pack_p1_panels0", "s0"]
+    assert [k.name for k in kernel_traffic(ir)] == ["pack_p1_panels0", "s0"]
+    assert "s0_init" in [b.name for b in ir.body.stmts if isinstance(b, N.Block)]
