@@ -13,9 +13,10 @@ zeroed, read back and written again:
                                                    ->  schedule(..., first(i4_c))
 
 `analysis.fold` proves each fold (the verifier proves it again); the IR keeps the init,
-so the interpreter computes what it did. Shift convolution (8 x 256 x 28 x 28, 256
-filters; O is 6.4 MB), a hand-edited kernel, one thread: 8.39 -> 7.38 ms. Runs last in
-the CPU pipelines, after autotile and reorder have fixed each micro-kernel's loops.
+so the interpreter computes what it did. Zen 3, two threads, `benchmarks/option_ab.py`:
+shift convolution (8 x 256 x 28 x 28, 256 filters; O is 6.4 MB) 8.78 -> 7.96 ms, group
+convolution 11.35 -> 10.43 ms, tmm 1024^3 17.25 -> 16.68 ms. Runs last in the CPU
+pipelines, after autotile and reorder have fixed each micro-kernel's loops.
 """
 from __future__ import annotations
 
