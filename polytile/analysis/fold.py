@@ -36,6 +36,7 @@ where its reduction indices (the outer ones and those it loops outside its sums)
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 
 from polytile.analysis.overwrite import touches
@@ -85,6 +86,15 @@ def chain(block: Block) -> list[Block]:
         if len(inner) != 1 or len(levels[-1].stmts) != 1:
             return levels if not inner else []
         levels.append(inner[0])
+
+
+def with_leaf(block: Block, edit: Callable[[Block], Block]) -> Block:
+    """`block` with the leaf at the end of its chain replaced by `edit(leaf)`."""
+    levels = chain(block)
+    new = edit(levels[-1])
+    for level in reversed(levels[:-1]):
+        new = replace(level, stmts=(new,))
+    return new
 
 
 def _written(init: Block) -> str | None:

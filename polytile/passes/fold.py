@@ -23,8 +23,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from polytile.analysis.fold import chain
 from polytile.analysis.fold import fold as proof
+from polytile.analysis.fold import with_leaf
 from polytile.analysis.overwrite import touches
 from polytile.ir import nodes as N
 from polytile.ir.polyhedra import Scope
@@ -59,12 +59,8 @@ def _block(scope: Scope) -> N.Block:
 
 def _mark(block: N.Block, first: tuple[str, ...]) -> N.Block:
     """`block` with the micro-kernel at the end of its chain scheduled `first(...)`."""
-    levels = chain(block)
-    inner = levels[-1]
-    marked = replace(inner, schedule=replace(inner.schedule, first=first))
-    for level in reversed(levels[:-1]):
-        marked = replace(level, stmts=(marked,))
-    return marked
+    return with_leaf(block, lambda leaf: replace(leaf, schedule=replace(leaf.schedule,
+                                                                        first=first)))
 
 
 register("fold", fold, enabled=flag)

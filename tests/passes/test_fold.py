@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import polytile as pt
-from polytile.analysis.fold import chain
+from polytile.analysis.fold import with_leaf
 from polytile.errors import IRError
 from polytile.ir import nodes as N
 from polytile.ir.verify import verify
@@ -63,15 +63,6 @@ def test_programs_it_leaves_alone() -> None:
     assert fold(fn, AVX2, {}) == fn
 
 
-def _with_leaf(top: N.Block, edit) -> N.Block:  # type: ignore[no-untyped-def]
-    """`top` with the leaf at the end of its chain replaced by `edit(leaf)`."""
-    levels = chain(top)
-    new = edit(levels[-1])
-    for level in reversed(levels[:-1]):
-        new = replace(level, stmts=(new,))
-    return new
-
-
 def test_the_verifier_refuses_unproved_folds() -> None:
     after = fold(_scheduled(TMM, TMM_SHAPES), AVX2, {})
     verify(after)
@@ -79,15 +70,15 @@ def test_the_verifier_refuses_unproved_folds() -> None:
     unfolded = replace(init, schedule=replace(init.schedule, folded=None))
     with pytest.raises(IRError, match="first.*without an init block"):
         verify(with_block(after, "s0_init", unfolded))
-    plain = _with_leaf(contraction, lambda leaf: replace(
+    plain = with_leaf(contraction, lambda leaf: replace(
         leaf, schedule=replace(leaf.schedule, first=None)))
     with pytest.raises(IRError, match="needs block s0_tile_tile scheduled first"):
         verify(with_block(after, "s0", plain))
-    ones = _with_leaf(init, lambda leaf: replace(leaf, stmts=(
+    ones = with_leaf(init, lambda leaf: replace(leaf, stmts=(
         replace(leaf.stmts[0], value=1.0), *leaf.stmts[1:])))
     with pytest.raises(IRError, match="starts at 1.0, not the identity"):
         verify(with_block(after, "s0_init", ones))
-    lower_bound = _with_leaf(contraction, lambda leaf: replace(
+    lower_bound = with_leaf(contraction, lambda leaf: replace(
         leaf, constraints=(*leaf.constraints, N.Affine.index("k") - 1)))
     with pytest.raises(IRError, match="bounds a reduction index from below"):
         verify(with_block(after, "s0", lower_bound))
@@ -103,7 +94,7 @@ def test_first_writes_in_either_loop_order(order: tuple[str, ...]) -> None:
     output at random values, so a missed or extra assignment shows."""
     fn = fold(_scheduled(TMM, TMM_SHAPES), AVX2, {})
     contraction = block(fn, "s0")
-    edited = with_block(fn, "s0", _with_leaf(contraction, lambda leaf: replace(
+    edited = with_block(fn, "s0", with_leaf(contraction, lambda leaf: replace(
         leaf, schedule=replace(leaf.schedule, unroll=("n_o",), order=order))))
     verify(edited)
     text = kernel_text(lower(edited))
