@@ -62,8 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     wanted = {w.strip() for w in args.only.split(",")}
     workloads = [w for w in full_set() + fusion_set(False) + training_set(False)
-                 if w.key in wanted or f"{w.key} {'x'.join(str(v) for _, v in w.sizes)}"
-                 in wanted]
+                 if w.key in wanted or w.name in wanted]
     if not workloads:
         raise SystemExit(f"no workload named {sorted(wanted)}")
     config = load_config()
@@ -83,8 +82,7 @@ def main(argv: list[str] | None = None) -> int:
         calls = {side: (lambda f=fn, a=call_args: f(*a)) for side, fn in fns.items()}
         timings = time_blocks(calls, TimingOptions(rounds=args.rounds))
         a, b = timings["before"].median, timings["after"].median
-        name = f"{w.key} {'x'.join(str(v) for _, v in w.sizes)}"
-        print(f"{name:36s} before {a * 1e3:9.3f} ms  after {b * 1e3:9.3f} ms  "
+        print(f"{w.name:36s} before {a * 1e3:9.3f} ms  after {b * 1e3:9.3f} ms  "
               f"after/before {b / a:5.2f}  outputs agree: {agree}")
     return 0
 

@@ -60,15 +60,23 @@ def fold(scope: Scope, k: int, j: int) -> tuple[str, ...] | str:
     init, contraction = parent.stmts[k], parent.stmts[j]
     if not (isinstance(init, Block) and isinstance(contraction, Block) and k < j):
         return "the init and the contraction must be blocks, the init first"
-    buffer = _written(init)
-    if buffer is None:
+    filled = _filled(init)
+    if filled is None:
         return f"block {init.name} does more than fill one buffer with a constant"
+    buffer, value = filled
     if any(touches(st, buffer) for st in parent.stmts[k + 1:j]):
         return f"a statement between {init.name} and {contraction.name} touches {buffer}"
-    first = _first(contraction, buffer, _constant(init))
+    levels = chain(contraction)
+    if not levels:
+        return f"block {contraction.name} is not a chain of blocks ending in a leaf"
+    views = _views(levels, buffer, value)
+    if isinstance(views, str):
+        return views
+    written = _written_indices(levels, views)
+    first = _first(levels, views, written)
     if isinstance(first, str):
         return first
-    if not _one_point_per_element(scope.child(contraction), buffer):
+    if not _one_point_per_element(scope.child(contraction), levels, views, written):
         return f"{contraction.name} writes an element from two points of its output indices"
     elems = scope.variables + element_vars(scope.depth, len(parent.ref(buffer).shape.dims))
     sets = [to_set(elems, [footprint(_only(scope, st), buffer, WRITE)])
@@ -97,8 +105,9 @@ def with_leaf(block: Block, edit: Callable[[Block], Block]) -> Block:
     return new
 
 
-def _written(init: Block) -> str | None:
-    """The parent buffer the init fills, level by level through one assigning view."""
+def _filled(init: Block) -> tuple[str, float] | None:
+    """The parent buffer the init fills, level by level through one assigning view, and
+    the constant it fills it with."""
     levels = chain(init)
     if not levels:
         return None
@@ -109,20 +118,12 @@ def _written(init: Block) -> str | None:
     if not (len(stmts) == 2 and isinstance(stmts[0], Constant) and isinstance(stmts[1], Store)
             and stmts[1].value == stmts[0].into and not stmts[1].dynamic):
         return None
-    return init.refs[0].from_
+    return init.refs[0].from_, float(stmts[0].value)
 
 
-def _constant(init: Block) -> float:
-    leaf = chain(init)[-1]
-    value = leaf.stmts[0]
-    assert isinstance(value, Constant)
-    return float(value.value)
-
-
-def _first(contraction: Block, buffer: str, value: float) -> tuple[str, ...] | str:
-    levels = chain(contraction)
-    if not levels:
-        return f"block {contraction.name} is not a chain of blocks ending in a leaf"
+def _views(levels: list[Block], buffer: str, value: float) -> list[Refinement] | str:
+    """The view of `buffer` at each level of the contraction's chain, which writes it
+    with one aggregation whose identity is `value`, else why not."""
     views, name = [], buffer
     for level in levels:
         found = [r for r in level.refs if r.from_ == name]
@@ -134,8 +135,13 @@ def _first(contraction: Block, buffer: str, value: float) -> tuple[str, ...] | s
         views.append(found[0])
         name = found[0].into
     if len({v.agg for v in views}) != 1:
-        return f"block {contraction.name}'s levels write {buffer} with different aggregations"
-    written = _written_indices(levels, views)
+        return f"block {levels[0].name}'s levels write {buffer} with different aggregations"
+    return views
+
+
+def _first(levels: list[Block], views: list[Refinement], written: list[set[str]]
+           ) -> tuple[str, ...] | str:
+    """The micro-kernel's names of the outer levels' reduction indices, else why not."""
     outer: dict[tuple[int, str], str] = {}  # (level, reduction index there) -> name here
     for depth, level in enumerate(levels):
         passed = {i.affine.names[0]: i.name for i in level.idxs
@@ -167,6 +173,7 @@ def _first(contraction: Block, buffer: str, value: float) -> tuple[str, ...] | s
                         prefetch=0, next_row=(), first=None) == BlockSchedule()):
         return f"block {leaf.name} is not a vector outer-product micro-kernel"
     stores = [st for st in leaf.stmts if isinstance(st, Store)]
+    name = views[-1].into
     if len(stores) != 1 or stores[0].ref != name or stores[0].dynamic or \
             any(isinstance(st, Load) and st.ref == name for st in leaf.stmts):
         return f"block {leaf.name} must store into {name} once and never load it"
@@ -186,19 +193,14 @@ def _written_indices(levels: list[Block], views: list[Refinement]) -> list[set[s
     return list(reversed(out))
 
 
-def _one_point_per_element(top: Scope, buffer: str) -> bool:
+def _one_point_per_element(top: Scope, levels: list[Block], views: list[Refinement],
+                           written: list[set[str]]) -> bool:
     """Whether iterations of the chain below `top` that write one element differ in
     reduction indices only (isl): a scatter `x(p + r) += ...` writes an element from
     several (p, r), and its first write is not where r is 0."""
-    levels, name = chain(top.block), buffer
-    scopes, views = [top], []
-    for level in levels:
-        views.append(next(r for r in level.refs if r.from_ == name))
-        name = views[-1].into
-        if level is not levels[-1]:
-            scopes.append(scopes[-1].child(next(st for st in level.stmts
-                                                if isinstance(st, Block))))
-    written = _written_indices(levels, views)
+    scopes = [top]
+    for level in levels[1:]:
+        scopes.append(scopes[-1].child(level))
     mine = [v for sc in scopes for v in sc.own]
     other = {v: f"{v}_q" for v in mine}
     output = [v for sc, names in zip(scopes, written) for v, i in zip(sc.own, sc.block.idxs)

@@ -78,12 +78,12 @@ def kernel_traffic(fn: Function) -> tuple[KernelTraffic, ...]:
     root = Scope.root(body)
     width = {r.into: r.shape.dtype.bits // 8 or 1 for r in body.refs}
     top = {name: _View(name, (0,) * len(body.ref(name).shape.dims)) for name in width}
-    kernels_ = kernels(fn)
-    whole = [_footprints(root.child(k), top) for k in kernels_]
+    blocks = kernels(fn)
+    whole = [_footprints(root.child(k), top) for k in blocks]
     inputs = {r.into for r in body.refs if r.dir == "in"}
     outputs = {name for name in fn.params if body.ref(name).dir in ("out", "inout")}
     result = []
-    for n, kernel in enumerate(kernels_):
+    for n, kernel in enumerate(blocks):
         live_in = inputs | {b for f in whole[:n] for b in f.writes}
         live_out = outputs | {b for f in whole[n + 1:] for b in f.reads}
         compulsory = (sum(_bytes(s, width[b]) for b, s in whole[n].reads.items() if b in live_in)
