@@ -55,6 +55,14 @@ PREFETCH_DISTANCE = 8             # and, from a table bigger than L2, prefetched
 # variants, AMD EPYC host): half rows 0.046 ms, whole rows 0.031 ms with prefetch; no
 # prefetch 0.050 ms, 4 ahead 0.030, 8 ahead 0.029, 16 ahead 0.035.
 
+PANEL_THREADS_MARGIN = 1.1        # a kernel reading packed panels runs its threads over
+# them, each thread reading only the panels its own thread packed (the pack copy's
+# threads split the panels the same way, in contiguous halves), unless the cost model
+# finds that split this much worse than threads over the rows, which read every panel,
+# half of them written by the other core. In one process, two threads, Zen 3 EPYC
+# (given schedules, time_blocks, 15-21 rounds): MLP1 128x2000x128 0.599 -> 0.527 and
+# 0.574 -> 0.537 ms, tmm 128x1024^2 2.35 -> 2.19 and 2.40 -> 2.20 ms, tmm 1024^3
+# 15.9 -> 15.0 ms.
 
 def work(block: N.Block) -> int:
     """Iterations of `block`, each weighted by the data-dependent loads it issues."""
@@ -182,8 +190,8 @@ def choose_schedule(block: N.Block, target: Target) -> Schedule:
             unroll = [(picks[0], min(loops[picks[0]], budget, 12 if vectors == 2 else 8))]
     # An OpenMP region costs microseconds: not worth it for tiny kernels.
     threaded = work(block) >= PARALLEL_MIN_WORK
-    tiles = _cache_tiles(block, loops, parallel, reductions, dict(unroll), vector,
-                         lanes * vectors, target, _cores() if threaded else 1)
+    tiles, order = _cache_tiles(block, loops, parallel, reductions, dict(unroll), vector,
+                                lanes * vectors, target, _cores() if threaded else 1)
     # The span of the rows a gathered dimension reaches (the view is one element wide
     # along the others).
     tables = sum(block.ref(v).shape.dims[d].size * block.ref(v).shape.dims[d].stride
@@ -191,7 +199,8 @@ def choose_schedule(block: N.Block, target: Target) -> Schedule:
     prefetch = PREFETCH_DISTANCE if (vector is not None and reductions
                                      and tables > target.cache_size("L2")) else 0
     return Schedule(vector, lanes if vector else 1, tuple(unroll), vectors if vector else 1,
-                    tuple(sorted(tiles.items())), parallel=threaded, prefetch=prefetch)
+                    tuple(sorted(tiles.items())), parallel=threaded, order=order,
+                    prefetch=prefetch)
 
 
 def _vector_index(block: N.Block, loops: dict[str, int], parallel: list[str],
@@ -333,10 +342,14 @@ def _register_tile(picks: list[str], loops: dict[str, int], vectors: int,
 
 def _cache_tiles(block: N.Block, loops: dict[str, int], parallel: list[str],
                  reductions: list[str], unroll: dict[str, int], vector: str | None,
-                 vector_tile: int, target: Target, cores: int) -> dict[str, int]:
-    """Coordinate descent over tile sizes minimizing lines/MAC under the L2 budget,
-    times the load imbalance of the threaded tile loop (`cores` threads), keeping at
-    least two outer tiles per core when the problem allows it."""
+                 vector_tile: int, target: Target,
+                 cores: int) -> tuple[dict[str, int], tuple[str, ...]]:
+    """(tile sizes, order): coordinate descent over tile sizes minimizing lines/MAC under
+    the L2 budget, times the load imbalance of the threaded tile loop (`cores` threads),
+    keeping at least two outer tiles per core when the problem allows it. A kernel
+    reading packed panels (pass pack) runs its threads over the panels, the order
+    `(panel index,)`, unless that costs more than PANEL_THREADS_MARGIN times the
+    threads over its rows (see `_panel_tiles`)."""
     budget = target.cache_size("L2") // 2
     line = target.cache_line_bytes
 
@@ -345,7 +358,7 @@ def _cache_tiles(block: N.Block, loops: dict[str, int], parallel: list[str],
             return vector_tile
         return unroll.get(n, 1)
 
-    def candidates(n: str) -> list[int]:
+    def candidates(n: str, cap: int) -> list[int]:
         base = step(n)
         values, m = [], base
         while m < loops[n]:
@@ -354,10 +367,9 @@ def _cache_tiles(block: N.Block, loops: dict[str, int], parallel: list[str],
         values.append(loops[n])
         if n in parallel and cores > 1:     # tiles that split evenly among the threads
             values += [-(-loops[n] // (cores * j * base)) * base for j in range(1, 17)]
-        return sorted(set(v for v in values if v <= loops[n]))
+        return sorted(set(v for v in values if v <= min(loops[n], cap)))
 
     tile = {n: loops[n] for n in loops}
-    tiled = list(parallel)
     if reductions:
         # The micro-kernel streams its inputs over the reduction: keep that stream in L1.
         k = max((n for n in reductions if n != vector), key=lambda n: loops[n], default=None)
@@ -367,30 +379,45 @@ def _cache_tiles(block: N.Block, loops: dict[str, int], parallel: list[str],
             if kc < loops[k]:
                 tile[k] = kc
 
-    def cost(t: dict[str, int]) -> float:
+    def cost(t: dict[str, int], threaded: list[str]) -> float:
         size, lines = _footprint(block, t, line)
         macs = math.prod(t.values())
         outer = math.prod(-(-loops[n] // t[n]) for n in parallel) if parallel else 1
         penalty = 0.0 if size <= budget else 10.0 * size / budget
         if outer < 2 * cores and math.prod(loops[n] for n in parallel) >= 2 * cores * 64:
             penalty += 1.0
-        waste = math.prod(-(-loops[n] // t[n]) * t[n] for n in tiled) / math.prod(
-            loops[n] for n in tiled)
-        return lines / macs * waste * _imbalance(t, loops, parallel, cores) + penalty
+        waste = math.prod(-(-loops[n] // t[n]) * t[n] for n in parallel) / math.prod(
+            loops[n] for n in parallel)
+        return lines / macs * waste * _imbalance(t, loops, threaded, cores) + penalty
 
-    best = cost(tile)
-    for _ in range(3):
-        improved = False
-        for n in tiled:
-            for value in candidates(n):
-                trial = dict(tile)
-                trial[n] = value
-                c = cost(trial)
-                if c < best - 1e-12:
-                    best, tile, improved = c, trial, True
-        if not improved:
-            break
-    return {n: v for n, v in tile.items() if v < loops[n]}
+    def descend(start: dict[str, int], threaded: list[str],
+                caps: dict[str, int]) -> tuple[dict[str, int], float]:
+        best_tile, best = start, cost(start, threaded)
+        for _ in range(3):
+            improved = False
+            for n in parallel:
+                for value in candidates(n, caps.get(n, loops[n])):
+                    trial = dict(best_tile)
+                    trial[n] = value
+                    c = cost(trial, threaded)
+                    if c < best - 1e-12:
+                        best, best_tile, improved = c, trial, True
+            if not improved:
+                break
+        return best_tile, best
+
+    rows, rows_cost = descend(tile, parallel, {})
+    order: tuple[str, ...] = ()
+    panels = panel_index(vector) if vector is not None else None
+    if panels in parallel and cores > 1:
+        # At most this many panels per tile, so that every thread gets one.
+        cap = -(-loops[panels] // (cores * step(panels))) * step(panels)
+        if cap < loops[panels]:
+            threaded = [panels] + [n for n in parallel if n != panels]
+            split, split_cost = descend({**tile, panels: cap}, threaded, {panels: cap})
+            if split_cost <= PANEL_THREADS_MARGIN * rows_cost:
+                rows, order = split, (panels,)
+    return {n: v for n, v in rows.items() if v < loops[n]}, order
 
 
 def _imbalance(tile: dict[str, int], loops: dict[str, int], parallel: list[str],

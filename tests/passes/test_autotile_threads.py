@@ -7,9 +7,16 @@ import math
 
 import pytest
 
+from polytile.ir import nodes as N
 from polytile.passes import autotile as autotile_module
-from polytile.passes.autotile import (PARALLEL_MIN_WORK, _footprint, _imbalance, choose_schedule,
-                                      work)
+from polytile.passes.autotile import (
+    PARALLEL_MIN_WORK,
+    _footprint,
+    _imbalance,
+    choose_schedule,
+    work,
+)
+from polytile.passes.pipeline import run_pipeline
 
 from .helpers import block, lowered, target
 
@@ -59,3 +66,23 @@ def test_a_gathered_view_counts_the_rows_its_subscripts_reach() -> None:
     assert rows < size < rows + 2 * 12 * 64 * 4 + 12 * 50 * 4 + 4096
     schedule = choose_schedule(kernel, target("cpu-avx512"))
     assert "j" not in dict(schedule.tiles)               # rows are not cut in halves
+
+
+@pytest.mark.parametrize("shape", [(128, 2000, 128), (128, 1024, 1024), (1024, 1024, 1024),
+                                   (100, 300, 200)])
+def test_a_packed_contraction_runs_its_threads_over_the_panels_its_threads_packed(
+        shape: tuple[int, int, int]) -> None:
+    m, k, n = shape
+    fn = run_pipeline(lowered(TMM, {"A": (m, k), "B": (n, k)}), target("cpu-avx2"), {})
+    pack = next(b for b in fn.body.stmts if isinstance(b, N.Block) and "pack" in b.tags)
+    s0 = block(fn, "s0")
+    panels = s0.schedule.parallel
+    assert panels is not None and panels.endswith("_o_c"), s0.schedule
+    # The pack copy's threads take the panels in contiguous halves (one per iteration);
+    # the contraction's take its panel tiles so: thread t reads panels it packed, but for
+    # at most a register tile's worth where the tile does not divide the halves.
+    count = math.prod(i.range for i in pack.idxs)
+    tiles = next(i.range for i in s0.idxs if i.name == panels)
+    per_tile = -(-count // tiles)
+    first_half = min(count, -(-tiles // 2) * per_tile)
+    assert abs(first_half - -(-count // 2)) <= 3
