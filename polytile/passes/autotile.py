@@ -374,7 +374,8 @@ def _cache_tiles(block: N.Block, loops: dict[str, int], parallel: list[str],
         # The micro-kernel streams its inputs over the reduction: keep that stream in L1.
         k = max((n for n in reductions if n != vector), key=lambda n: loops[n], default=None)
         if k is not None:
-            per_step = _bytes_per_reduction_step(block, k, unroll, vector, vector_tile)
+            per_step = _bytes_per_reduction_step(block, k, unroll, vector, vector_tile,
+                                                 line)
             kc = 1 << max(4, int(math.log2(max(1, target.cache_size("L1") // 2 // per_step))))
             if kc < loops[k]:
                 tile[k] = kc
@@ -435,17 +436,30 @@ def _imbalance(tile: dict[str, int], loops: dict[str, int], parallel: list[str],
 
 
 def _bytes_per_reduction_step(block: N.Block, k: str, unroll: dict[str, int],
-                              vector: str | None, vector_tile: int) -> int:
-    """Bytes of input one step of reduction index k reads in one register tile."""
+                              vector: str | None, vector_tile: int, line: int) -> int:
+    """Bytes of input one step of reduction index k reads in one register tile. A view
+    read through pointer increments from a table (pass ptrinc: a convolution's image,
+    whose steps jump between channels and rows) reads whole new cache lines at a step,
+    one or more per row of the tile; a view whose increment is k itself (the weights'
+    contiguous reduction) reads its elements, as an affine view does."""
     extents = dict(unroll)
     if vector is not None:
         extents[vector] = vector_tile
+    deps = scalar_indices(block)
+    indexed = {s.into for s in block.stmts if isinstance(s, N.LoadIndex)}
+    stepped = {s.ref: s.offset not in indexed for s in block.stmts
+               if isinstance(s, N.Load) and s.offset is not None and k in deps[s.offset]}
     total = 0
     for ref in block.refs:
-        if ref.dir != "in" or not any(a.coeff(k) for a in ref.access):
+        if ref.dir != "in" or not (ref.into in stepped or any(a.coeff(k) for a in ref.access)):
             continue
+        elem = max(1, ref.shape.dtype.bits // 8)
         names = {n for a in ref.access for n in a.names}
-        total += math.prod(extents.get(n, 1) for n in names) * max(1, ref.shape.dtype.bits // 8)
+        if stepped.get(ref.into):         # increments from a table
+            rows = math.prod(extents.get(n, 1) for n in names if n != vector)
+            total += rows * -(-extents.get(vector, 1) * elem // line) * line
+        else:
+            total += math.prod(extents.get(n, 1) for n in names) * elem
     return max(total, 1)
 
 

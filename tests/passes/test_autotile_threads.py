@@ -86,3 +86,22 @@ def test_a_packed_contraction_runs_its_threads_over_the_panels_its_threads_packe
     per_tile = -(-count // tiles)
     first_half = min(count, -(-tiles // 2) * per_tile)
     assert abs(first_half - -(-count // 2)) <= 3
+
+
+CONV = ("def conv(float(N,C,HR,WS) I, float(K,C,R,S) W) -> (O) {\n"
+        "  O(n,k,h,w) +=! I(n,c,h + r,w + s) * W(k,c,r,s)\n}\n")
+
+
+def test_an_image_read_through_pointer_increments_counts_lines_per_reduction_step() -> None:
+    # Each step of the merged (c, r, s) reduction moves the image to another row or
+    # channel: a line per row of the register tile (3 x 64 B) beside the weights' 4
+    # floats and the step table's offset. Counted as 3 x 32 B, the reduction stayed
+    # whole (576 steps, a tile's image rows spilling L1): 2.23 -> 2.04 ms chunked by 64.
+    fn = run_pipeline(lowered(CONV, {"I": (1, 64, 58, 58), "W": (64, 64, 3, 3)}),
+                      target("cpu-avx2"), {})
+    leaf = fn.body.stmts[-1]
+    while any(isinstance(s, N.Block) for s in leaf.stmts):
+        leaf = next(s for s in leaf.stmts if isinstance(s, N.Block))
+    assert any(isinstance(s, N.Load) and s.offset for s in leaf.stmts)     # ptrinc
+    reduction = next(i for i in leaf.idxs if i.affine is None and i.name.count("_") == 2)
+    assert reduction.range == 64                                           # of 576
