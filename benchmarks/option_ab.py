@@ -12,12 +12,21 @@ machine state, so the ratio holds on a shared host where two `polytile bench` ru
 not compare; `benchmarks/kernel_ab.py` compares two checkouts' C instead, but alternates
 single calls, and there the two sides evict each other's outputs from the caches.
 Prints each side's median and the ratio, and whether the outputs agree.
+
+An option naming a module constant of a pass (`autotile.PANEL_THREADS_MARGIN=0`: an
+upper-case name after the pass) sets that constant of `polytile.passes.<pass>` while
+that side compiles, to compare a heuristic with its threshold moved:
+
+    python benchmarks/option_ab.py --only MLP1,tmm --before autotile.PANEL_THREADS_MARGIN=0
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
+import importlib
 import json
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +61,28 @@ def options(text: str) -> dict[str, Any]:
     return out
 
 
+@contextlib.contextmanager
+def constants(opts: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """The pipeline options of `opts`; meanwhile its `pass.CONSTANT` entries are set."""
+    saved = []
+    pipeline = {}
+    for key, value in opts.items():
+        name, _, attr = key.partition(".")
+        if not attr.isupper():
+            pipeline[key] = value
+            continue
+        module = importlib.import_module(f"polytile.passes.{name}")
+        if not hasattr(module, attr):
+            raise SystemExit(f"polytile.passes.{name} has no constant {attr}")
+        saved.append((module, attr, getattr(module, attr)))
+        setattr(module, attr, value)
+    try:
+        yield pipeline
+    finally:
+        for module, attr, value in saved:
+            setattr(module, attr, value)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", required=True,
@@ -74,9 +105,12 @@ def main(argv: list[str] | None = None) -> int:
         rng = np.random.default_rng(0)
         call_args = w.tc_arguments(w.make_inputs(rng))
         program = analyze(parse(w.tc, w.key))
-        fns = {side: getattr(Module(w.tc, program, "c", Compiler(config, target, opts)),
-                             w.function) for side, opts in sides.items()}
-        results = {side: fn(*call_args) for side, fn in fns.items()}
+        fns, results = {}, {}
+        for side, opts in sides.items():        # each side compiles at its first call
+            with constants(opts) as pipeline:
+                fns[side] = getattr(Module(w.tc, program, "c",
+                                           Compiler(config, target, pipeline)), w.function)
+                results[side] = fns[side](*call_args)
         agree = all(np.allclose(a, b, rtol=w.rtol, atol=w.atol) for a, b in zip(
             *(r if isinstance(r, tuple) else (r,) for r in results.values())))
         calls = {side: (lambda f=fn, a=call_args: f(*a)) for side, fn in fns.items()}
