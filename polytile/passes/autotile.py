@@ -59,10 +59,13 @@ PANEL_THREADS_MARGIN = 1.1        # a kernel reading packed panels runs its thre
 # them, each thread reading only the panels its own thread packed (the pack copy's
 # threads split the panels the same way, in contiguous halves), unless the cost model
 # finds that split this much worse than threads over the rows, which read every panel,
-# half of them written by the other core. In one process, two threads, Zen 3 EPYC
+# half of them written by the other core, or the split gives a thread this much more
+# than an even share (3 panels on 2 threads: 2 to one). In one process, two threads, Zen 3 EPYC
 # (given schedules, time_blocks, 15-21 rounds): MLP1 128x2000x128 0.599 -> 0.527 and
 # 0.574 -> 0.537 ms, tmm 128x1024^2 2.35 -> 2.19 and 2.40 -> 2.20 ms, tmm 1024^3
-# 15.9 -> 15.0 ms.
+# 15.9 -> 15.0 ms; benchmarks/option_ab.py --before autotile.PANEL_THREADS_MARGIN=0
+# in benchmarks/RESULTS.md.
+
 
 def work(block: N.Block) -> int:
     """Iterations of `block`, each weighted by the data-dependent loads it issues."""
@@ -349,7 +352,7 @@ def _cache_tiles(block: N.Block, loops: dict[str, int], parallel: list[str],
     keeping at least two outer tiles per core when the problem allows it. A kernel
     reading packed panels (pass pack) runs its threads over the panels, the order
     `(panel index,)`, unless that costs more than PANEL_THREADS_MARGIN times the
-    threads over its rows (see `_panel_tiles`)."""
+    threads over its rows or leaves a thread more than that over an even share."""
     budget = target.cache_size("L2") // 2
     line = target.cache_line_bytes
 
@@ -367,7 +370,7 @@ def _cache_tiles(block: N.Block, loops: dict[str, int], parallel: list[str],
         values.append(loops[n])
         if n in parallel and cores > 1:     # tiles that split evenly among the threads
             values += [-(-loops[n] // (cores * j * base)) * base for j in range(1, 17)]
-        return sorted(set(v for v in values if v <= min(loops[n], cap)))
+        return sorted({v for v in values if v <= min(loops[n], cap)})
 
     tile = {n: loops[n] for n in loops}
     if reductions:
@@ -407,7 +410,7 @@ def _cache_tiles(block: N.Block, loops: dict[str, int], parallel: list[str],
                 break
         return best_tile, best
 
-    rows, rows_cost = descend(tile, parallel, {})
+    chosen, chosen_cost = descend(tile, parallel, {})
     order: tuple[str, ...] = ()
     panels = panel_index(vector) if vector is not None else None
     if panels in parallel and cores > 1:
@@ -416,9 +419,10 @@ def _cache_tiles(block: N.Block, loops: dict[str, int], parallel: list[str],
         if cap < loops[panels]:
             threaded = [panels] + [n for n in parallel if n != panels]
             split, split_cost = descend({**tile, panels: cap}, threaded, {panels: cap})
-            if split_cost <= PANEL_THREADS_MARGIN * rows_cost:
-                rows, order = split, (panels,)
-    return {n: v for n, v in rows.items() if v < loops[n]}, order
+            if (split_cost <= PANEL_THREADS_MARGIN * chosen_cost
+                    and _imbalance(split, loops, threaded, cores) <= PANEL_THREADS_MARGIN):
+                chosen, order = split, (panels,)
+    return {n: v for n, v in chosen.items() if v < loops[n]}, order
 
 
 def _imbalance(tile: dict[str, int], loops: dict[str, int], parallel: list[str],

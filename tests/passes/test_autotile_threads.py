@@ -105,3 +105,9 @@ def test_an_image_read_through_pointer_increments_counts_lines_per_reduction_ste
     assert any(isinstance(s, N.Load) and s.offset for s in leaf.stmts)     # ptrinc
     reduction = next(i for i in leaf.idxs if i.affine is None and i.name.count("_") == 2)
     assert reduction.range == 64                                           # of 576
+
+
+def test_panels_that_do_not_split_evenly_leave_the_threads_on_the_rows() -> None:
+    # 45 columns are 3 panels of 16: over panels, one thread would get two of them.
+    fn = run_pipeline(lowered(TMM, {"A": (37, 700), "B": (45, 700)}), target("cpu-avx2"), {})
+    assert block(fn, "s0").schedule.parallel == "m_c"
