@@ -63,8 +63,8 @@ PANEL_THREADS_MARGIN = 1.1        # a kernel reading packed panels runs its thre
 # than an even share (3 panels on 2 threads: 2 to one). In one process, two threads, Zen 3 EPYC
 # (given schedules, time_blocks, 15-21 rounds): MLP1 128x2000x128 0.599 -> 0.527 and
 # 0.574 -> 0.537 ms, tmm 128x1024^2 2.35 -> 2.19 and 2.40 -> 2.20 ms, tmm 1024^3
-# 15.9 -> 15.0 ms; benchmarks/option_ab.py --before autotile.PANEL_THREADS_MARGIN=0
-# in benchmarks/RESULTS.md.
+# 15.9 -> 15.0 ms; with benchmarks/option_ab.py --before autotile.PANEL_THREADS_MARGIN=0
+# tmm 128x1024^2 read 2.13 on both sides in a later run (benchmarks/RESULTS.md).
 
 
 def work(block: N.Block) -> int:

@@ -7,6 +7,7 @@ import math
 
 import pytest
 
+from polytile.analysis.fold import chain
 from polytile.ir import nodes as N
 from polytile.passes import autotile as autotile_module
 from polytile.passes.autotile import (
@@ -99,9 +100,7 @@ def test_an_image_read_through_pointer_increments_counts_lines_per_reduction_ste
     # whole (576 steps, a tile's image rows spilling L1): 2.23 -> 2.04 ms chunked by 64.
     fn = run_pipeline(lowered(CONV, {"I": (1, 64, 58, 58), "W": (64, 64, 3, 3)}),
                       target("cpu-avx2"), {})
-    leaf = fn.body.stmts[-1]
-    while any(isinstance(s, N.Block) for s in leaf.stmts):
-        leaf = next(s for s in leaf.stmts if isinstance(s, N.Block))
+    leaf = chain(block(fn, "s0"))[-1]
     assert any(isinstance(s, N.Load) and s.offset for s in leaf.stmts)     # ptrinc
     reduction = next(i for i in leaf.idxs if i.affine is None and i.name.count("_") == 2)
     assert reduction.range == 64                                           # of 576
