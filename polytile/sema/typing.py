@@ -156,6 +156,12 @@ def _apply(op: str, args: tuple[Typed, ...], loc: SourceLoc, name: str | None = 
         # conversion explicit so that every evaluator computes in floating point.
         dtype = dtypes.FLOAT32
         operands = tuple(a if a.weak else _cast(a, dtype, loc) for a in operands)
+    elif info.result == intrinsics.BOOL and dtype != dtypes.BOOL:
+        # A comparison of mixed types compares in their common type (int64 with
+        # bfloat16: in bfloat16, as C converts): explicit, so that every evaluator
+        # rounds the operands alike (NumPy would compare int64 and bfloat16 exactly).
+        operands = tuple(a if a.weak or a.dtype == dtype else _cast(a, dtype, loc)
+                         for a in operands)
     elif op in _ARITHMETIC and dtype == dtypes.BOOL:
         # C's integer promotion: true + true == 2, -true == -1.
         dtype = dtypes.INT32

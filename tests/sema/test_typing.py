@@ -2,6 +2,7 @@
 bools, conditions, math functions of integers, literals that do not fit."""
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -50,6 +51,35 @@ def test_comparisons_and_logic_give_bool():
     assert out_dtype("float(N) A", "A(i) < 1") == "bool"
     assert out_dtype("float(N) A", "!A(i)") == "bool"
     assert out_dtype("float(N) A, int(N) C", "A(i) && C(i) || -1") == "bool"
+
+
+COMPARE_MIXED = """
+def f(int64(N) A, bfloat16(N) H, int32(N) I, float(N) X) -> (P, Q, R) {
+  P(i) = A(i) > H(i)
+  Q(i) = A(i) == I(i)
+  R(i) = I(i) < X(i)
+}
+"""
+
+
+def test_mixed_comparisons_compare_in_the_common_type():
+    """A comparison converts its operands to their common type explicitly (int64 with
+    bfloat16: bfloat16), so the reference interpreter rounds them as the C code does;
+    NumPy alone would compare int64 and bfloat16 exactly (a fuzzer's find)."""
+    fn = analyze(parse(COMPARE_MIXED)).functions[0]
+    casts = [[(a.op, str(a.dtype)) for a in st.rhs.args if getattr(a, "op", None) == "cast"]
+             for st in fn.statements]
+    assert casts == [[("cast", "bfloat16")], [("cast", "int64")], [("cast", "float32")]]
+    # -448674016189 rounds to bfloat16 -448824082432: the two are equal in bfloat16.
+    a = np.array([-448674016189, 5, -7], np.int64)
+    h = a.astype(ml_dtypes.bfloat16)
+    i = np.array([5, 5, -7], np.int32)
+    x = np.array([5.5, 4.0, -7.0], np.float32)
+    for backend in ("interp", "c"):
+        p, q, r = getattr(pt.define(COMPARE_MIXED, backend=backend), "f")(a, h, i, x)
+        np.testing.assert_array_equal(p, [False, False, False], err_msg=backend)
+        np.testing.assert_array_equal(q, [False, True, True], err_msg=backend)
+        np.testing.assert_array_equal(r, [True, False, False], err_msg=backend)
 
 
 def test_arithmetic_on_bools_is_int32():
