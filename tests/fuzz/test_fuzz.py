@@ -18,8 +18,17 @@ from polytile.config import load_config
 from polytile.fuzz import require_hypothesis
 from polytile.fuzz.__main__ import main
 from polytile.fuzz.mutations import corpus, default_corpus_paths
-from polytile.fuzz.oracle import Outcome, check_compiled, check_front_end, difference
+from polytile.fuzz.oracle import (
+    TOLERANCE,
+    Outcome,
+    check_compiled,
+    check_front_end,
+    computed_in,
+    difference,
+)
 from polytile.fuzz.runner import Campaign, Failure, isolated, run
+from polytile.lang.parser import parse
+from polytile.sema.analyze import analyze
 
 
 @pytest.fixture
@@ -78,6 +87,23 @@ def test_difference_is_exact_for_integers_and_tolerant_for_floats():
     assert difference(x * np.float32(1.01), x) != ""
     assert difference(np.array([np.nan], np.float32), np.array([1.0], np.float32)) != ""
     assert difference(np.array([-np.inf], np.float32), np.array([np.inf], np.float32)) != ""
+
+
+def test_a_float64_result_of_float32_math_is_compared_to_float32_tolerance(config):
+    """The fuzzer's seed 13 find: `expf` of a bool is float32 (libm's e rounds
+    correctly, NumPy's float32 exp is an ulp above), times a float64 tensor; the
+    output is float64 but carries float32's error, so float64's tolerance would
+    report a mismatch that no backend can avoid."""
+    source = ("def f(int64 s, float f, float() A, double(N) B, float() C, int32(K) X) -> (O, P) {\n"
+              "  O() min= expf(A() && C()) * B(i)\n  P() = A() where v = B(0)\n}\n")
+    fn = analyze(parse(source)).functions[0]
+    assert computed_in(fn) == TOLERANCE["float32"]
+    plain = analyze(parse("def f(double(N) B) -> (O) { O(i) = B(i) * 2 }")).functions[0]
+    assert computed_in(plain) == TOLERANCE["float64"]
+    assert check_compiled(source, seed=3, config=config).kind == "compared"
+    wide = np.array([-4.0774229764938354])
+    assert difference(np.array([-4.077422618865967]), wide) != ""
+    assert difference(np.array([-4.077422618865967]), wide, TOLERANCE["float32"]) == ""
 
 
 def test_isolation_counts_a_crash_and_a_timeout():
