@@ -77,7 +77,7 @@ def _replay(path: Path, config) -> int:  # type: ignore[no-untyped-def]
     if seed is not None and outcome.kind == "accepted":
         outcome = check_compiled(text, int(seed.group(1)), config)
         print(f"compile (seed {seed.group(1)}): {outcome.kind} {outcome.detail}")
-    return 0 if outcome.kind in ("accepted", "rejected", "compared", "raised") else 1
+    return 0 if outcome.kind in ("accepted", "rejected", "compared", "raised", "overflowed") else 1
 
 
 if __name__ == "__main__":

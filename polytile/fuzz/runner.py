@@ -69,6 +69,7 @@ class Report:
             (f"compile: {sum(cc.values())} accepted programs in "
              f"{self.seconds.get('compile', 0):.0f} s: {cc['compared']} compiled and compared,"
              f" {cc['raised']} raised a PolytileError in both backends at the call,"
+             f" {cc['overflowed']} overflowed in a reduction (either order is right),"
              f" {cc['rejected']} rejected, {cc['mismatch']} mismatches,"
              f" {cc['error']} non-Polytile exceptions, {cc['crash']} crashes,"
              f" {cc['timeout']} timeouts"),

@@ -25,6 +25,7 @@ from polytile.fuzz.oracle import (
     check_front_end,
     computed_in,
     difference,
+    overflowed,
 )
 from polytile.fuzz.runner import Campaign, Failure, isolated, run
 from polytile.lang.parser import parse
@@ -104,6 +105,27 @@ def test_a_float64_result_of_float32_math_is_compared_to_float32_tolerance(confi
     wide = np.array([-4.0774229764938354])
     assert difference(np.array([-4.077422618865967]), wide) != ""
     assert difference(np.array([-4.077422618865967]), wide, TOLERANCE["float32"]) == ""
+
+
+def test_a_reduction_that_overflows_in_one_order_only_is_not_a_mismatch(config):
+    """The fuzzer's seed 14 find: O is 0, then O *= six int32 values near 2^30 as
+    floats. The compiled code multiplies them into O one at a time (0 stays 0); the
+    reference takes their product first (inf) and then 0 * inf = NaN. Reductions run in
+    any order, so both are right; agreement everywhere else is still required."""
+    source = ("def f(int64 s, int32(M, M, M) A) -> (float() O) {\n"
+              "  O() = fmod(A(1, 1, 0), A(1, 0, 1)) >= (A(0, 0, 0) >= A(0, 1, 0)) >= 1.5"
+              " where v = A(1, 1, 1)\n"
+              "  O() *= A(l, j, 2 * l)\n  O() += 7\n  O() *= float(A(j + j, 2 * j, j))\n}\n")
+    outcome = check_compiled(source, seed=19, config=config)
+    assert outcome.kind == "overflowed" and "expected np.float32(nan)" in outcome.detail
+    # Without a float reduction, a NaN against a finite value stays a mismatch.
+    plain = analyze(parse("def f(float(N) A) -> (B) { B(i) = A(i) * 2 }")).functions[0]
+    nan, one = np.array([np.nan], np.float32), np.array([1.0], np.float32)
+    assert not overflowed(plain, (nan,), (one,), 0.0)
+    product = analyze(parse("def f(float(N) A) -> (B) { B() *=! A(i) }")).functions[0]
+    assert overflowed(product, (nan,), (one,), 0.0)
+    assert not overflowed(product, (np.array([1.0, 2.0], np.float32),),
+                           (np.array([np.nan, 3.0], np.float32),), 0.0)
 
 
 def test_isolation_counts_a_crash_and_a_timeout():
