@@ -1,10 +1,14 @@
 """python -m polytile.fuzz: run a fuzz campaign, or replay one failure.
 
     python -m polytile.fuzz --cases 100000 --compile-cases 300 --seed 7
+    python -m polytile.fuzz --compile-cases 300 --seed 22 --target opencl
     python -m polytile.fuzz --replay failures/compile-mismatch-3.tc
 
 Compiled kernels go to a temporary cache directory (removed at the end), never to the
-user's cache. The exit status is 1 when a case failed, 2 when hypothesis is missing.
+user's cache. `--target` compiles for another target than the host's best (the OpenCL
+backend on PoCL, cpu-generic's SSE code); a failure's first line names it, and
+`--replay` compiles for it again. The exit status is 1 when a case failed, 2 when
+hypothesis is missing or the target cannot run here.
 """
 from __future__ import annotations
 
@@ -16,7 +20,7 @@ import tempfile
 from pathlib import Path
 
 from polytile.config import load_config
-from polytile.errors import UnsupportedError
+from polytile.errors import PolytileError, UnsupportedError
 from polytile.fuzz import require_hypothesis
 
 
@@ -34,6 +38,8 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--failures", type=Path,
                         help="directory to write each failure to, as a TC file that replays it")
     parser.add_argument("--replay", type=Path, help="run the case of a failure file again")
+    parser.add_argument("--target", help="the compiled side's target (default: POLYTILE_TARGET "
+                                         "or the host's best), e.g. opencl or cpu-generic")
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
     return parser.parse_args(argv)
 
@@ -49,6 +55,14 @@ def main(argv: list[str] | None = None) -> int:
     from polytile.fuzz.runner import Campaign, run
     with tempfile.TemporaryDirectory(prefix="polytile-fuzz-") as cache:
         config = dataclasses.replace(load_config(), cache_dir=Path(cache), ignore_tuned=True)
+        if args.target:
+            from polytile.targets.target import select_target
+            try:
+                select_target(args.target)     # an unknown or unusable target, up front
+            except PolytileError as err:
+                print(err, file=sys.stderr)
+                return 2
+            config = dataclasses.replace(config, target=args.target)
         if args.replay:
             return _replay(args.replay, config)
         programs = corpus(args.corpus if args.corpus is not None else default_corpus_paths())
@@ -72,6 +86,9 @@ def _replay(path: Path, config) -> int:  # type: ignore[no-untyped-def]
     from polytile.fuzz.oracle import check_compiled, check_front_end
     text = path.read_text()
     seed = re.search(r"^# polytile\.fuzz \S+ \S+ seed=(\d+)", text, re.MULTILINE)
+    target = re.search(r"^# polytile\.fuzz \S+ \S+ seed=\d+ target=(\S+)", text, re.MULTILINE)
+    if target is not None:
+        config = dataclasses.replace(config, target=target.group(1))
     outcome = check_front_end(text)
     print(f"front end: {outcome.kind} {outcome.detail}")
     if seed is not None and outcome.kind == "accepted":

@@ -41,10 +41,12 @@ class Failure:
     source: str
     seed: int | None            # the compile case's sizes and inputs
     detail: str
+    target: str | None = None   # the compiled side's target (None: the host's best)
 
     def reproducer(self) -> str:
         """The program as a TC file whose first line says how to replay it."""
         seed = f" seed={self.seed}" if self.seed is not None else ""
+        seed += f" target={self.target}" if self.target and self.seed is not None else ""
         lines = [f"# polytile.fuzz {self.stage.replace(' ', '-')} {self.kind}{seed}",
                  "# replay: python -m polytile.fuzz --replay THIS_FILE"]
         lines += ["# " + line for line in self.detail.strip().splitlines()[-40:]]
@@ -153,7 +155,8 @@ def _record(report: Report, counts: Counter[str], stage: str, source: str, seed:
             outcome: Outcome, campaign: Campaign) -> None:
     counts[outcome.kind] += 1
     if outcome.kind in FAILURE_KINDS:
-        failure = Failure(stage, outcome.kind, source, seed, outcome.detail)
+        target = campaign.config.target if campaign.config is not None else None
+        failure = Failure(stage, outcome.kind, source, seed, outcome.detail, target)
         report.failures.append(failure)
         if campaign.progress:
             campaign.progress(f"--- {stage} {outcome.kind} ---\n{failure.reproducer()}")

@@ -151,6 +151,30 @@ def test_a_failure_file_replays(tmp_path, capsys):
     assert "compile (seed 5): compared" in capsys.readouterr().out
 
 
+def test_a_failure_on_another_target_replays_on_it(tmp_path, monkeypatch, capsys):
+    failure = Failure("compile", "mismatch",
+                      "def f(float(N) A) -> (B) {\n  B(i) = A(i) * 2\n}\n", 5, "seen",
+                      target="cpu-generic")
+    text = failure.reproducer()
+    assert text.startswith("# polytile.fuzz compile mismatch seed=5 target=cpu-generic\n")
+    path = tmp_path / "case.tc"
+    path.write_text(text)
+    targets = []
+    from polytile.fuzz import oracle
+    real = oracle.check_compiled
+
+    def spy(source, seed, config=None):
+        targets.append(config.target)
+        return real(source, seed, config)
+    monkeypatch.setattr(oracle, "check_compiled", spy)
+    assert main(["--replay", str(path)]) == 0
+    assert targets == ["cpu-generic"]
+    assert "compile (seed 5): compared" in capsys.readouterr().out
+    # An unknown or unusable target stops the command before any case runs.
+    assert main(["--target", "no-such-target", "--cases", "1"]) == 2
+    assert "unknown target" in capsys.readouterr().err
+
+
 def test_the_command_counts_cases(capsys):
     assert main(["--cases", "30", "--seed", "3", "--quiet"]) == 0
     out = capsys.readouterr().out
