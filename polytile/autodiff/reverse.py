@@ -29,11 +29,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from polytile import dtypes
 from polytile.autodiff import rules
 from polytile.autodiff.rules import mul, select
 from polytile.autodiff.ssa import ZERO, Program, Ranges, Stmt
 from polytile.errors import UnsupportedError
 from polytile.sema import program as P
+from polytile.sema import sizes as S
 from polytile.sema import typing as T
 
 
@@ -91,6 +93,7 @@ class _Adjoints:
     def add(self, version: str, subs: tuple[P.TExpr, ...], value: P.TExpr,
             ranges: Ranges) -> None:
         """d_version(subs) += value, for every point of `ranges`."""
+        value, ranges = _counted(subs, value, ranges)
         prog = self.program
         name = self.name(version)
         if name in self.given:                       # never write into a parameter
@@ -112,6 +115,38 @@ class _Adjoints:
             self.emit(prog.zero(name, version))
             self.ready.add(name)
         self.emit(Stmt(name, subs, "+=", value, ranges))
+
+
+def _counted(subs: tuple[P.TExpr, ...], value: P.TExpr,
+             ranges: Ranges) -> tuple[P.TExpr, Ranges]:
+    """(value, ranges) of `d(subs) += value over ranges`, without the indices that
+    neither the element nor the value uses (`O(k) +=! A(k) + B(i)` adds A(k) once per
+    i; a where clause may only name indices its statement uses): the value is
+    multiplied by the number of their points instead."""
+    used = _indices((*subs, value))
+    unused = [r for i, r in ranges if i not in used]
+    if not unused:
+        return value, ranges
+    count = S.SizeExpr.const_(1)
+    for r in unused:
+        count = count * S.extreme([r.hi - r.lo, S.SizeExpr.const_(0)], is_max=True)
+    factor = P.Op("cast", (P.SizeVal(count, dtypes.INT64),), value.dtype)
+    return mul(value, factor), tuple((i, r) for i, r in ranges if i in used)
+
+
+def _indices(exprs: tuple[P.TExpr, ...]) -> set[str]:
+    """The iteration indices `exprs` read, in subscripts too."""
+    found: set[str] = set()
+    stack = list(exprs)
+    while stack:
+        e = stack.pop()
+        if isinstance(e, P.IndexVar):
+            found.add(e.name)
+        elif isinstance(e, P.Read):
+            stack.extend(e.indices)
+        elif isinstance(e, P.Op):
+            stack.extend(e.args)
+    return found
 
 
 def _mergeable(first: Stmt, then: Stmt) -> bool:

@@ -57,3 +57,30 @@ def mlp(float(B,I) x, float(O,I) w) -> (y) {
     np.testing.assert_allclose(d_w, want_w, rtol=1e-6)
     np.testing.assert_allclose(d_x, ((1 - np.tanh(x @ w.T) ** 2) * d_y) @ w, rtol=1e-5,
                                atol=1e-6)
+
+
+COUNTED = """
+def f(double(N) A, double(M) B, uint8(K) I) -> (O, P) {
+  O(k) +=! A(k) * 2 + B(i)
+  P(k, l) +=! A(I(l)) * B(k) + A(j) where k in 0:M, l in 0:K, j in 0:N
+}
+"""
+
+
+def test_an_index_a_term_does_not_use_counts_in_its_gradient() -> None:
+    # O(k) adds A(k) * 2 once per i: dA(k) = 2 M dO(k), and a where clause may not name
+    # an index its statement does not use, so the derived statement multiplies by M
+    # (the fuzzer found a derived program the front end rejected).
+    fn = pt.define(COUNTED, backend="interp").f
+    source = pt.grad(fn).source
+    assert "where" in source and "float64(max(0, M))" in source
+    rng = np.random.default_rng(3)
+    args = (rng.standard_normal(5), rng.standard_normal(4),
+            rng.integers(0, 5, 3).astype(np.uint8))
+    from .numeric import check
+    check(fn, args, rng)
+    compiled = gradient_function(pt.grad(pt.define(COUNTED).f))
+    seeds = (rng.standard_normal(5), rng.standard_normal((4, 3)))
+    want = gradient_function(pt.grad(fn))(*args, *seeds)
+    for got, expected in zip(compiled(*args, *seeds), want):
+        np.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-12)
