@@ -9,7 +9,9 @@ adds `g * d rhs / d A(s)` to the adjoint `d_A` at `s`, for every point of `I`:
 * `s` is distinct plain indices (`x(n, i)`): a reduction over the other indices,
   `d_x(n, i) +=! ...` (TC's own form, which the passes optimize as a contraction);
 * otherwise (`x(n, c, h + r, w + s)`, `x(2 * i)`): a scatter, `d_x(n, c, h + r,
-  w + s) += ...`, which adds once per iteration.
+  w + s) += ...`, which adds once per iteration;
+* an index that neither `s` nor the value uses is not iterated: the value is
+  multiplied by its extent (a where clause names only indices its statement uses).
 
 Reductions route the adjoint of their result: `+=` to every term; `max=`/`min=` to the
 terms equal to the result, split evenly between ties (torch.amax's rule); `*=` to
