@@ -32,4 +32,9 @@ def _atom(a: Atom) -> str:
         if a.ceil:      # ceil(n / d) = floor((n + d - 1) / d)
             return f"(({size(a.num + a.den - 1)}) / {size(a.den, paren=True)})"
         return f"({size(a.num, paren=True)} / {size(a.den, paren=True)})"
-    return f"{'max' if a.is_max else 'min'}({', '.join(size(x) for x in a.args)})"
+    # TC's min and max take two arguments: min(a, b, c) nests as min(a, min(b, c)).
+    name = "max" if a.is_max else "min"
+    text = size(a.args[-1])
+    for x in reversed(a.args[:-1]):
+        text = f"{name}({size(x)}, {text})"
+    return text

@@ -84,3 +84,23 @@ def test_an_index_a_term_does_not_use_counts_in_its_gradient() -> None:
     want = gradient_function(pt.grad(fn))(*args, *seeds)
     for got, expected in zip(compiled(*args, *seeds), want):
         np.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-12)
+
+
+def test_a_bound_of_three_sizes_is_written_as_nested_two_argument_mins() -> None:
+    # `exists B(l, l)` bounds l by K, M and N: min(K, M, N), which TC does not parse
+    # (min takes two arguments); the derived program writes min(K, min(M, N)).
+    source = """
+def f(bool(N, K) B, float(K) C, double(M) A) -> (float() O) {
+  O() +=! A(l) where v = C(l), exists B(l, l)
+}
+"""
+    fn = pt.define(source, backend="interp").f
+    derived = pt.grad(fn).source
+    assert "l in 0:min(K, min(M, N))" in derived
+    rng = np.random.default_rng(5)
+    args = (rng.random((4, 6)) < 0.5, rng.standard_normal(6).astype(np.float32),
+            rng.standard_normal(3))
+    seed = np.float32(rng.standard_normal())
+    d_c, d_a = gradient_function(pt.grad(fn))(*args, seed)
+    np.testing.assert_array_equal(d_c, np.zeros(6, np.float32))
+    np.testing.assert_allclose(d_a, [seed] * 3, rtol=1e-6)
