@@ -2,6 +2,7 @@
 
     python -m polytile.fuzz --cases 100000 --compile-cases 300 --seed 7
     python -m polytile.fuzz --compile-cases 300 --seed 22 --target opencl
+    python -m polytile.fuzz --cases 0 --gradient-cases 200 --seed 3
     python -m polytile.fuzz --replay failures/compile-mismatch-3.tc
 
 Compiled kernels go to a temporary cache directory (removed at the end), never to the
@@ -30,6 +31,9 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--cases", type=int, default=1000, help="front-end cases")
     parser.add_argument("--compile-cases", type=int, default=0,
                         help="accepted programs to compile and compare with the interpreter")
+    parser.add_argument("--gradient-cases", type=int, default=0,
+                        help="programs with a gradient (polytile.autodiff) whose derived "
+                             "program is compiled and compared with the interpreter")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--corpus", type=Path, nargs="*",
                         help="files or directories of TC programs to mutate (default: the "
@@ -69,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         progress = None if args.quiet else (lambda line: print(line, file=sys.stderr,
                                                                flush=True))
         campaign = Campaign(args.cases, args.compile_cases, args.seed, tuple(programs), config,
-                            progress=progress)
+                            progress=progress, gradient_cases=args.gradient_cases)
         print(f"corpus: {len(programs)} programs; seed {args.seed}", file=sys.stderr)
         report = run(campaign)
     print(report.summary())
@@ -83,17 +87,19 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _replay(path: Path, config) -> int:  # type: ignore[no-untyped-def]
-    from polytile.fuzz.oracle import check_compiled, check_front_end
+    from polytile.fuzz.oracle import check_compiled, check_front_end, check_gradient
     text = path.read_text()
-    seed = re.search(r"^# polytile\.fuzz \S+ \S+ seed=(\d+)", text, re.MULTILINE)
+    seed = re.search(r"^# polytile\.fuzz (\S+) \S+ seed=(\d+)", text, re.MULTILINE)
     target = re.search(r"^# polytile\.fuzz \S+ \S+ seed=\d+ target=(\S+)", text, re.MULTILINE)
     if target is not None:
         config = dataclasses.replace(config, target=target.group(1))
     outcome = check_front_end(text)
     print(f"front end: {outcome.kind} {outcome.detail}")
     if seed is not None and outcome.kind == "accepted":
-        outcome = check_compiled(text, int(seed.group(1)), config)
-        print(f"compile (seed {seed.group(1)}): {outcome.kind} {outcome.detail}")
+        stage, number = seed.group(1), int(seed.group(2))
+        check = check_gradient if stage == "gradient" else check_compiled
+        outcome = check(text, number, config)
+        print(f"{stage} (seed {number}): {outcome.kind} {outcome.detail}")
     return 0 if outcome.kind in ("accepted", "rejected", "compared", "raised", "overflowed") else 1
 
 

@@ -31,6 +31,7 @@ from polytile.errors import PolytileError
 from polytile.lang.parser import parse
 from polytile.lang.printer import format_module
 from polytile.sema import program as P
+from polytile.sema.analyze import analyze
 from polytile.sema.printer import format_program
 from polytile.sema.specialize import specialize
 
@@ -90,6 +91,28 @@ def check_compiled(source: str, seed: int, config: Config | None = None) -> Outc
     if any(o.kind == "compared" for o in outcomes):
         return Outcome("compared")
     return outcomes[0]
+
+
+def check_gradient(source: str, seed: int, config: Config | None = None) -> Outcome:
+    """The gradient of an accepted program's first function (`polytile.autodiff.backward`)
+    is a TC program of its own: "rejected" where the function has none (no float input
+    or output, an op without a derivative); a derived program the front end refuses is
+    a mismatch (autodiff must write valid TC); otherwise `check_compiled` of it."""
+    from polytile.autodiff import backward
+    try:
+        derived = backward(analyze(parse(source)).functions[0])
+    except PolytileError as err:
+        return Outcome("rejected", type(err).__name__)
+    try:
+        analyze(parse(derived.source, "<gradient>"))
+    except PolytileError as err:
+        return Outcome("mismatch", f"the front end rejects the derived gradient: {err}\n"
+                                   f"{derived.source}")
+    outcome = check_compiled(derived.source, seed, config)
+    if outcome.kind in ("mismatch", "error"):
+        return Outcome(outcome.kind, f"{outcome.detail}\nthe derived gradient:\n"
+                                     f"{derived.source}")
+    return outcome
 
 
 def _compare_call(compiled: Any, reference: Any, fn: P.Function, rng: np.random.Generator,

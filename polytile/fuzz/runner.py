@@ -28,7 +28,7 @@ from hypothesis.errors import Unsatisfiable
 
 from polytile.config import Config
 from polytile.fuzz.mutations import mutants
-from polytile.fuzz.oracle import Outcome, check_compiled, check_front_end
+from polytile.fuzz.oracle import Outcome, check_compiled, check_front_end, check_gradient
 from polytile.fuzz.programs import programs
 
 FAILURE_KINDS = ("error", "mismatch", "crash", "timeout", "hang")
@@ -57,6 +57,7 @@ class Failure:
 class Report:
     front_end: Counter[str] = field(default_factory=Counter)    # outcome kind -> cases
     compiled: Counter[str] = field(default_factory=Counter)
+    gradients: Counter[str] = field(default_factory=Counter)
     rejected_by: Counter[str] = field(default_factory=Counter)  # PolytileError class -> cases
     failures: list[Failure] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=dict)
@@ -76,6 +77,16 @@ class Report:
              f" {cc['error']} non-Polytile exceptions, {cc['crash']} crashes,"
              f" {cc['timeout']} timeouts"),
         ]
+        if self.gradients:
+            gc = self.gradients
+            lines.append(
+                f"gradient: {sum(gc.values())} programs with a gradient in "
+                f"{self.seconds.get('gradient', 0):.0f} s: {gc['compared']} compiled and compared,"
+                f" {gc['raised']} raised a PolytileError in both backends at the call,"
+                f" {gc['overflowed']} overflowed in a reduction, {gc['mismatch']} mismatches"
+                f" (a derived program the front end rejects is one),"
+                f" {gc['error']} non-Polytile exceptions, {gc['crash']} crashes,"
+                f" {gc['timeout']} timeouts")
         return "\n".join(lines)
 
     @property
@@ -93,17 +104,23 @@ class Campaign:
     front_end_seconds: float = 10.0      # per case
     compile_seconds: float = 300.0       # per case
     progress: Callable[[str], None] | None = None
+    gradient_cases: int = 0              # programs whose derived gradient is compared
 
 
 def run(campaign: Campaign) -> Report:
     report = Report()
     start = time.perf_counter()
-    _front_end(campaign, report)
+    if campaign.cases:
+        _front_end(campaign, report)
     report.seconds["front end"] = time.perf_counter() - start
     start = time.perf_counter()
     if campaign.compile_cases:
         _compile(campaign, report)
     report.seconds["compile"] = time.perf_counter() - start
+    start = time.perf_counter()
+    if campaign.gradient_cases:
+        _gradients(campaign, report)
+    report.seconds["gradient"] = time.perf_counter() - start
     return report
 
 
@@ -151,6 +168,22 @@ def _compile(campaign: Campaign, report: Report) -> None:
     _hypothesis(strategy, campaign.compile_cases, campaign.seed + 1, body)
 
 
+def _gradients(campaign: Campaign, report: Report) -> None:
+    """Accepted programs with a gradient: the derived program must be valid TC, and
+    compiled it must agree with the reference interpreter."""
+    def body(example: tuple[str, int]) -> None:
+        source, seed = example
+        if check_front_end(source).kind != "accepted":
+            assume(False)
+        outcome = isolated(lambda: check_gradient(source, seed, campaign.config),
+                           campaign.compile_seconds)
+        if outcome.kind == "rejected":      # no gradient: not a case
+            assume(False)
+        _record(report, report.gradients, "gradient", source, seed, outcome, campaign)
+    strategy = st.tuples(programs(), st.integers(0, 2**32 - 1))
+    _hypothesis(strategy, campaign.gradient_cases, campaign.seed + 2, body)
+
+
 def _record(report: Report, counts: Counter[str], stage: str, source: str, seed: int | None,
             outcome: Outcome, campaign: Campaign) -> None:
     counts[outcome.kind] += 1
@@ -161,7 +194,8 @@ def _record(report: Report, counts: Counter[str], stage: str, source: str, seed:
         if campaign.progress:
             campaign.progress(f"--- {stage} {outcome.kind} ---\n{failure.reproducer()}")
     total = sum(counts.values())
-    goal = campaign.cases if stage == "front end" else campaign.compile_cases
+    goal = {"front end": campaign.cases, "compile": campaign.compile_cases,
+            "gradient": campaign.gradient_cases}[stage]
     if campaign.progress and goal >= 20 and total % max(1, goal // 10) == 0:
         campaign.progress(f"{stage}: {total}/{goal} cases, {dict(counts)}")
 

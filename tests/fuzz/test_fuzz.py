@@ -23,6 +23,7 @@ from polytile.fuzz.oracle import (
     Outcome,
     check_compiled,
     check_front_end,
+    check_gradient,
     computed_in,
     difference,
     overflowed,
@@ -173,6 +174,34 @@ def test_a_failure_on_another_target_replays_on_it(tmp_path, monkeypatch, capsys
     # An unknown or unusable target stops the command before any case runs.
     assert main(["--target", "no-such-target", "--cases", "1"]) == 2
     assert "unknown target" in capsys.readouterr().err
+
+
+# Two forward programs the gradient campaign drew whose derived programs the front end
+# rejected: an index the adjoint term does not use (i), a bound of three sizes.
+GRADIENT_FINDS = (
+    ("def f(float(3, N) A, uint8(K) B) -> (O, P) {\n"
+     "  O(k, l, j) +=! A(B(l - 1), 2 * j) + B(i) where k in 0:3\n  P() +=! A(1, 0)\n}\n"),
+    ("def f(bool(N, K) B, float(K) C, double(M) A) -> (float() O, P) {\n"
+     "  O() +=! A(l) where v = C(l), exists B(l, l)\n  P(i, j) = B(j, i)\n}\n"),
+)
+
+
+@pytest.mark.parametrize("source", GRADIENT_FINDS)
+def test_the_gradient_oracle_compiles_the_derived_program(source, config):
+    assert check_gradient(source, seed=1, config=config).kind == "compared"
+
+
+def test_the_gradient_oracle_skips_programs_without_one_and_replays(tmp_path, capsys,
+                                                                    config):
+    ints = "def f(int32(N) A) -> (B) { B(i) = A(i) * 2 }"
+    assert check_gradient(ints, seed=1, config=config) == Outcome("rejected",
+                                                                 "UnsupportedError")
+    path = tmp_path / "case.tc"
+    path.write_text(Failure("gradient", "mismatch", GRADIENT_FINDS[1], 4, "seen").reproducer())
+    assert main(["--replay", str(path)]) == 0
+    assert "gradient (seed 4): compared" in capsys.readouterr().out
+    assert main(["--cases", "0", "--gradient-cases", "3", "--seed", "1", "--quiet"]) == 0
+    assert "gradient: 3 programs with a gradient" in capsys.readouterr().out
 
 
 def test_the_command_counts_cases(capsys):
