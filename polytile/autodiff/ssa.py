@@ -44,9 +44,18 @@ class Stmt:
 
     def text(self) -> str:
         where = ", ".join(f"{i} in {emit.size(r.lo)}:{emit.size(r.hi)}" for i, r in self.ranges)
-        text = (f"{self.tensor}({', '.join(format_expr(x) for x in self.lhs)}) {self.op} "
+        text = (f"{self.tensor}({', '.join(_subscript(x) for x in self.lhs)}) {self.op} "
                 f"{format_expr(self.rhs)}")
         return f"{text} where {where}" if where else text
+
+
+def _subscript(x: P.TExpr) -> str:
+    """A left-hand subscript as TC: a bare name there is an index, so a scalar argument
+    or a size (`d_A(s) += ...` from a read `A(s)`) is written as a value, `int64(s)`."""
+    text = format_expr(x)
+    if not isinstance(x, P.IndexVar) and text.isidentifier():
+        return f"int64({text})"
+    return text
 
 
 def typed(e: P.TExpr, dtype: DType) -> P.TExpr:

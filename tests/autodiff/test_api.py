@@ -104,3 +104,14 @@ def f(bool(N, K) B, float(K) C, double(M) A) -> (float() O) {
     d_c, d_a = gradient_function(pt.grad(fn))(*args, seed)
     np.testing.assert_array_equal(d_c, np.zeros(6, np.float32))
     np.testing.assert_allclose(d_a, [seed] * 3, rtol=1e-6)
+
+
+def test_a_scalar_subscript_is_scattered_into_as_a_value() -> None:
+    # A(s) with s a scalar argument: the adjoint `d_A(s) += ...` would read s as an
+    # index (and the front end refuses it); it is written d_A(int64(s)) (a fuzzer find).
+    source = "def f(double(N) A, int64 s) -> (O) {\n  O(k) = A(s) * A(k) + A(N - 1)\n}\n"
+    fn = pt.define(source, backend="interp").f
+    assert "d_A(int64(s)) += " in pt.grad(fn).source
+    rng = np.random.default_rng(11)
+    from .numeric import check
+    check(fn, (rng.standard_normal(6), np.int64(2)), rng)
