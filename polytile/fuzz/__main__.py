@@ -60,11 +60,9 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="polytile-fuzz-") as cache:
         config = dataclasses.replace(load_config(), cache_dir=Path(cache), ignore_tuned=True)
         if args.target:
-            from polytile.targets.target import select_target
-            try:
-                select_target(args.target)     # an unknown or unusable target, up front
-            except PolytileError as err:
-                print(err, file=sys.stderr)
+            problem = _unusable(args.target)
+            if problem:
+                print(problem, file=sys.stderr)
                 return 2
             config = dataclasses.replace(config, target=args.target)
         if args.replay:
@@ -84,6 +82,24 @@ def main(argv: list[str] | None = None) -> int:
             (args.failures / name).write_text(failure.reproducer())
         print(f"{len(report.failures)} failures written to {args.failures}")
     return 0 if report.ok else 1
+
+
+def _unusable(target: str) -> str | None:
+    """Why `target` cannot run here, or None. Asked in a forked child: probing an
+    OpenCL device in this process would leave the runtime's threads behind, and the
+    cases, each run in a fork of this process, would hang on its locks."""
+    from polytile.fuzz.oracle import Outcome
+    from polytile.fuzz.runner import isolated
+    from polytile.targets.target import select_target
+
+    def probe() -> Outcome:
+        try:
+            select_target(target)
+        except PolytileError as err:
+            return Outcome("rejected", str(err))
+        return Outcome("accepted")
+    outcome = isolated(probe, 120)
+    return None if outcome.kind == "accepted" else outcome.detail or outcome.kind
 
 
 def _replay(path: Path, config) -> int:  # type: ignore[no-untyped-def]
