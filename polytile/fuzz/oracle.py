@@ -146,7 +146,7 @@ def _compare_call(compiled: Any, reference: Any, fn: P.Function, rng: np.random.
         which, raised = (("reference", want) if isinstance(want, PolytileError)
                          else ("compiled", got))
         return Outcome("mismatch", f"only the {which} backend raised ({shown}): {raised}")
-    floor = computed_in(fn)
+    floor = narrowest_tolerance(fn)
     for o, g, w in zip(fn.outputs, got, want):
         problem = difference(np.asarray(g), np.asarray(w), floor)
         if problem:
@@ -238,7 +238,7 @@ def _initial_outputs(fn: P.Function, args: tuple[Any, ...], rng: np.random.Gener
             for o in fn.outputs if o.name in fn.inout}
 
 
-def computed_in(fn: P.Function) -> float:
+def narrowest_tolerance(fn: P.Function) -> float:
     """The tolerance of the narrowest float type `fn` holds a value in (a tensor, a
     literal, an operation's result): a float64 output of float32 `expf` carries
     float32's error, and NumPy's float32 exp is off by an ulp where libm's is not."""

@@ -24,8 +24,8 @@ from polytile.fuzz.oracle import (
     check_compiled,
     check_front_end,
     check_gradient,
-    computed_in,
     difference,
+    narrowest_tolerance,
     overflowed,
 )
 from polytile.fuzz.runner import Campaign, Failure, isolated, run
@@ -99,9 +99,9 @@ def test_a_float64_result_of_float32_math_is_compared_to_float32_tolerance(confi
     source = ("def f(int64 s, float f, float() A, double(N) B, float() C, int32(K) X) -> (O, P) {\n"
               "  O() min= expf(A() && C()) * B(i)\n  P() = A() where v = B(0)\n}\n")
     fn = analyze(parse(source)).functions[0]
-    assert computed_in(fn) == TOLERANCE["float32"]
+    assert narrowest_tolerance(fn) == TOLERANCE["float32"]
     plain = analyze(parse("def f(double(N) B) -> (O) { O(i) = B(i) * 2 }")).functions[0]
-    assert computed_in(plain) == TOLERANCE["float64"]
+    assert narrowest_tolerance(plain) == TOLERANCE["float64"]
     assert check_compiled(source, seed=3, config=config).kind == "compared"
     wide = np.array([-4.0774229764938354])
     assert difference(np.array([-4.077422618865967]), wide) != ""
