@@ -54,8 +54,7 @@ class Backward:
 
 @dataclass
 class _Adjoints:
-    """The adjoint tensor of each version, the statements computing them, and which
-    forward versions those statements read."""
+    """The adjoint tensor of each version and the statements computing them."""
 
     program: Program
     names: dict[str, str] = field(default_factory=dict)
@@ -64,7 +63,6 @@ class _Adjoints:
     sinks: set[str] = field(default_factory=set)       # the inputs' gradients
     statements: list[Stmt] = field(default_factory=list)
     deferred: list[Stmt] = field(default_factory=list)
-    read: set[str] = field(default_factory=set)
 
     def name(self, version: str) -> str:
         if version not in self.names:
@@ -72,7 +70,6 @@ class _Adjoints:
         return self.names[version]
 
     def emit(self, stmt: Stmt) -> None:
-        self.read |= stmt.reads
         if stmt.tensor in self.sinks:      # only its own statements touch a sink
             mine = [k for k, s in enumerate(self.deferred) if s.tensor == stmt.tensor]
             last = self.deferred[mine[-1]] if mine else None
@@ -186,8 +183,9 @@ def backward(fn: P.Function, saved: bool = False) -> Backward:
         if g not in adj.ready:
             adj.emit(prog.zero(g, p))
     adj.flush()
+    statements = _live(adj.statements, {g for _, g in gradients})
     versions = {v.name for v in prog.versions}
-    read = adj.read & versions
+    read = set().union(*(st.reads for st in statements)) & versions
     prog.share(read)
     kept = sorted(read) if saved else []
     body = [] if saved else _recompute(prog, read)
@@ -196,8 +194,20 @@ def backward(fn: P.Function, saved: bool = False) -> Backward:
     params += [prog.declare(g, prog.shapes[o], str(prog.dtypes[o])) for o, g in seeds]
     outputs = [prog.declare(g, prog.shapes[p], str(prog.dtypes[p])) for p, g in gradients]
     name = prog.names.fresh(f"{fn.name}_grad")
-    source = prog.function(name, params, outputs, body + adj.statements)
+    source = prog.function(name, params, outputs, body + statements)
     return Backward(source, name, tuple(gradients), tuple(seeds), tuple(kept))
+
+
+def _live(statements: list[Stmt], outputs: set[str]) -> list[Stmt]:
+    """The statements an output depends on: adjoints that reach no input's gradient
+    (the zero-counting temporaries of `*=` whose factors are integers or scalar
+    arguments) are not computed."""
+    needed, kept = set(outputs), []
+    for st in reversed(statements):
+        if st.tensor in needed:
+            kept.append(st)
+            needed |= st.reads
+    return kept[::-1]
 
 
 def forward_saving(fn: P.Function, saved: tuple[str, ...]) -> str:
