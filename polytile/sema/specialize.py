@@ -124,7 +124,9 @@ def _check_bounds(st: P.Statement, ranges: dict[str, tuple[int, int]],
     else:
         accesses = [(st.tensor, tuple(P.IndexVar(i, T.INDEX) for i in st.indices), st.loc)]
     if not empty:
-        accesses += [(r.tensor, r.indices, r.loc) for r in T.reads(st.rhs)]
+        # Reads in a scatter's own subscripts (`d_A(X(1)) += ...`) as well as the value's.
+        accesses += [(r.tensor, r.indices, r.loc)
+                     for e in (*st.scatter, st.rhs) for r in T.reads(e)]
     for tensor, subs, loc in accesses:
         shape = shapes[tensor]
         for d, sub in enumerate(subs):

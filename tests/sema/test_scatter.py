@@ -75,6 +75,23 @@ def hist(float(B,D) V, int32(B) I, float(E,D) T) -> (float(E,D) H) {
         mod.hist(V, I, T)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_read_in_a_scatter_subscript_is_bounds_checked(backend: str) -> None:
+    # d_A(X(1)) with one element in X: the C code read X[1] past its end and reported
+    # a garbage index, the interpreter raised a bare IndexError (a gradient fuzz find);
+    # the read is checked like one on the right-hand side.
+    source = """
+def g(float32(M) A, int16(M) X, float32() d_O) -> (float32(M) d_A) {
+  d_A(i0) = float32(0.0) where i0 in 0:M
+  d_A(X(1)) += d_O()
+}"""
+    mod = pt.define(source, backend=backend)
+    with pytest.raises(pt.OutOfBoundsError, match="X is accessed at 1 in dimension 0"):
+        mod.g(np.ones(1, np.float32), np.zeros(1, np.int16), np.float32(1.0))
+    got = mod.g(np.ones(2, np.float32), np.array([0, 1], np.int16), np.float32(2.0))
+    np.testing.assert_array_equal(got, [0.0, 2.0])
+
+
 @pytest.mark.parametrize("body, error, message", [
     ("  Y(i + 1) +=! X(i)", pt.TypeCheckError, "only `\\+=` may do"),
     ("  Y(i + 1) max= X(i)", pt.TypeCheckError, "only `\\+=` may do"),
