@@ -122,7 +122,7 @@ def _counted(subs: tuple[P.TExpr, ...], value: P.TExpr,
     neither the element nor the value uses (`O(k) +=! A(k) + B(i)` adds A(k) once per
     i; a where clause may only name indices its statement uses): the value is
     multiplied by the number of their points instead."""
-    used = _indices((*subs, value))
+    used = set().union(*(T.index_names(e) for e in (*subs, value)))
     unused = [r for i, r in ranges if i not in used]
     if not unused:
         return value, ranges
@@ -131,21 +131,6 @@ def _counted(subs: tuple[P.TExpr, ...], value: P.TExpr,
         count = count * S.extreme([r.hi - r.lo, S.SizeExpr.const_(0)], is_max=True)
     factor = P.Op("cast", (P.SizeVal(count, dtypes.INT64),), value.dtype)
     return mul(value, factor), tuple((i, r) for i, r in ranges if i in used)
-
-
-def _indices(exprs: tuple[P.TExpr, ...]) -> set[str]:
-    """The iteration indices `exprs` read, in subscripts too."""
-    found: set[str] = set()
-    stack = list(exprs)
-    while stack:
-        e = stack.pop()
-        if isinstance(e, P.IndexVar):
-            found.add(e.name)
-        elif isinstance(e, P.Read):
-            stack.extend(e.indices)
-        elif isinstance(e, P.Op):
-            stack.extend(e.args)
-    return found
 
 
 def _mergeable(first: Stmt, then: Stmt) -> bool:
