@@ -31,13 +31,16 @@ def vector_math(lanes: int, streams: bool = False) -> str:
     # lane by lane.
     masked_load = masked_store = ""
     if lanes == 16:
-        masked_load = ("#if defined(__AVX512F__)\n  return (pt_vf)_mm512_maskz_loadu_ps("
-                       "(__mmask16)((1u << n) - 1u), p);\n#endif")
+        # the count clamped to [0, 16] first: x86 shifts by the count mod 32, so an n of
+        # -3 made a mask of all 16 lanes (a read past p) and one of 32 a mask of none
+        masked_load = ("#if defined(__AVX512F__)\n  int64_t k = n < 0 ? 0 : n > 16 ? 16 : n;\n"
+                       "  return (pt_vf)_mm512_maskz_loadu_ps((__mmask16)((1u << k) - 1u), p);"
+                       "\n#endif")
         masked_store = ("#if defined(__AVX512F__)\n  _mm512_mask_storeu_ps(p, (__mmask16)"
                         "((1u << n) - 1u), (__m512)v);\n  return;\n#endif")
     elif lanes == 8:
         masked_load = ("#if defined(__AVX__)\n  return (pt_vf)_mm256_maskload_ps(p, "
-                       "(__m256i)(pt_viota() < (int32_t)n));\n#endif")
+                       "(__m256i)(pt_viota() < (int32_t)(n > 8 ? 8 : n)));\n#endif")
         # No vmaskmovps store: microcoded on Zen (~15 plain stores' time on Zen 3); the
         # lanes go out as a half, a quarter and a lane, by plain stores.
         masked_store = ("#if defined(__AVX__)\n  __m128 h = _mm256_castps256_ps128((__m256)v);\n"

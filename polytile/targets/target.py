@@ -44,7 +44,12 @@ class Target:
     provides: tuple[str, ...] = ()
 
     def has(self, feature: str) -> bool:
-        return feature in self.features or feature in self.provides
+        """Whether code for this target may use `feature`: one the target declares
+        (required or optional) that the host has, or one it provides. A host feature the
+        target does not declare is not in use: cpu-avx2 on an AVX-512 VNNI host runs AVX2
+        code, not vpdpbusd on zmm registers."""
+        return feature in self.provides or (
+            feature in self.features and feature in self.requires + self.optional)
 
     def cache_size(self, level: str) -> int:
         return dict(self.cache_bytes)[level]

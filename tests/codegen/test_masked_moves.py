@@ -42,7 +42,7 @@ def test_masked_moves_touch_exactly_the_first_n_lanes(tmp_path: Path, lanes: int
         pytest.skip(f"this host has no {', '.join(sorted(needs - host_features()))}")
     lib = _library(tmp_path, lanes, flags)
     rng = np.random.default_rng(lanes)
-    for n in (-3, 0, 1, lanes // 2 + 1, lanes - 1, lanes, lanes + 5):
+    for n in (-3, 0, 1, lanes // 2 + 1, lanes - 1, lanes, lanes + 5, 32, 33, 1 << 31):
         k = min(max(n, 0), lanes)
         source = rng.standard_normal(2 * lanes).astype(np.float32)
         got = np.full(lanes, np.nan, np.float32)

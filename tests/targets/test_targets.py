@@ -73,3 +73,16 @@ def test_inspection_target_on_a_host_that_runs_it_uses_the_host_features() -> No
 def test_unknown_target_lists_the_shipped_ones() -> None:
     with pytest.raises(ArgumentError, match="unknown target"):
         T.inspection_target("gpu-imaginary")
+
+
+def test_a_target_uses_only_the_host_features_it_declares() -> None:
+    """On an AVX-512 VNNI host, cpu-avx2 runs AVX2 code: the host's avx512_vnni is not a
+    feature of that target (it took vpdpbusd on zmm registers, found on a Xeon), while its
+    own optional avx_vnni is used where the host has it."""
+    xeon = frozenset({"avx2", "fma", "avx512f", "avx512bw", "avx512dq", "avx512vl",
+                      "avx512_vnni"})
+    avx2 = T.select_target("cpu-avx2", xeon)
+    assert avx2.has("avx2") and not avx2.has("avx512_vnni") and not avx2.has("avx512bw")
+    assert T.select_target("cpu-avx2", xeon | {"avx_vnni"}).has("avx_vnni")
+    assert T.select_target("cpu-avx512", xeon).has("avx512_vnni")
+    assert not T.select_target("cpu-generic", xeon).has("avx2")
