@@ -2,7 +2,7 @@
 reduction, rows, chains)`, set by pass `tensorize`): UNIT's rewriter for vpdpbusd-like instructions,
 whose accumulator has L lanes and whose two operands hold G values per lane.
 
-    block s0 [m:M, n:N, k:K] schedule(tensorize(vpdpbusd_512, n, k, 4, 4)) (
+    block s0 [m:M, n:N, k:K] schedule(tensorize(vpdpbusd_512, n, k, 6, 4)) (
       out C[m, n]:add   in A[m, k] uint8 (broadcast)   in B[k, n] int8 (packed) )
 
 ->  Bp = the packed operand in strips of W = chains x L lanes, each strip's groups one
@@ -11,13 +11,13 @@ whose accumulator has L lanes and whose two operands hold G values per lane.
          through one contiguous strip;
     for panels of 32 rows of m (threads, if the schedule says so; else one panel):
      for blocks of 256 lanes of n (a block of Bp stays in L2 while the panel's rows pass):
-      for 4 rows of the panel at a time (the schedule's rows; the rows left over after
+      for 6 rows of the panel at a time (the schedule's rows; the rows left over after
                                          the last whole tile follow as one narrower tile,
                                          or one row per thread if they are all there is):
         for 4 chunks of 16 lanes at a time (the schedule's chains; then single chunks,
                                             then a masked tail):
           acc[i][j] = C[m_i, n0_j : n0_j + 16]
-          for g < K / G:  b_j = Bp[s, g, 16 j : 16 j + 16, :] (one load for the 4 rows);
+          for g < K / G:  b_j = Bp[s, g, 16 j : 16 j + 16, :] (one load for the 6 rows);
                           a_i = the G bytes A[m_i, G*g : G*g + G] in every lane (one
                           word broadcast for the 4 chunks); acc[i][j] = I(acc[i][j], a_i, b_j)
           a last, partial group reads only the bytes of A that exist (the rest are 0,

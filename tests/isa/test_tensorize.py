@@ -26,6 +26,7 @@ from polytile.loops import interp
 from polytile.loops import nodes as L
 from polytile.loops.lower import lower
 from polytile.loops.text import kernel_text
+from polytile.passes.tensorize import ROWS
 from polytile.sema.specialize import specialize
 from polytile.targets.target import host_features, inspection_target, load_target
 
@@ -72,28 +73,29 @@ def test_the_widest_instruction_the_target_has_is_chosen() -> None:
 def test_the_ir_records_the_mapping_and_threads_and_round_trips() -> None:
     fn = ir(I8, inspection_target("cpu-avx512", frozenset()), A=(512, 256), B=(256, 512))
     text = format_function(fn)
-    assert "#tensorized schedule(parallel(i0), tensorize(vpdpbusd_512, i1, i2, 4, 4, kept))" in text
+    assert "#tensorized schedule(parallel(i0), tensorize(vpdpbusd_512, i1, i2, 6, 4, kept))" in text
     assert format_function(parse_function(text)) == text
-    swapped = text.replace("tensorize(vpdpbusd_512, i1, i2, 4, 4, kept)",
-                           "tensorize(vpdpbusd_512, i2, i1, 4, 4, kept)")
+    swapped = text.replace("tensorize(vpdpbusd_512, i1, i2, 6, 4, kept)",
+                           "tensorize(vpdpbusd_512, i2, i1, 6, 4, kept)")
     with pytest.raises(IRError, match="does not compute there"):
         verify(parse_function(swapped))
-    empty = text.replace("tensorize(vpdpbusd_512, i1, i2, 4, 4, kept)",
+    empty = text.replace("tensorize(vpdpbusd_512, i1, i2, 6, 4, kept)",
                          "tensorize(vpdpbusd_512, i1, i2, 0, 4, kept)")
     with pytest.raises(IRError, match="register tile 0 x 4 is empty"):
         verify(parse_function(empty))
 
 
 def test_the_register_tile_fits_the_target_s_vector_registers() -> None:
-    """Accumulators, one broadcast row and one result in registers: 4 x 4 of AVX-512's
-    32, 3 x 4 of AVX2's 16."""
+    """Accumulators, one broadcast row and one result in registers: 6 x 4 of AVX-512's
+    32 (with the 4 chunks of the packed operand, 29; a seventh row would spill), 3 x 4 of
+    AVX2's 16."""
     avx512 = inspection_target("cpu-avx512", frozenset())
     avx2 = replace(load_target("cpu-avx2"), features=frozenset({"avx2", "fma", "avx_vnni"}))
-    for target, tile in ((avx512, (4, 4)), (avx2, (3, 4)), (AVX2_ONLY, (3, 4))):
+    for target, tile in ((avx512, (6, 4)), (avx2, (3, 4)), (AVX2_ONLY, (3, 4))):
         (t,) = schedules(ir(I8, target, A=(64, 32), B=(32, 48)))
         assert (t.rows, t.chains) == tile
         assert t.rows * t.chains + 2 <= target.vector_registers
-        assert t.rows == 4 or (t.rows + 1) * t.chains + 2 > target.vector_registers
+        assert t.rows == ROWS or (t.rows + 1) * t.chains + 2 > target.vector_registers
 
 
 def test_it_can_be_switched_off() -> None:
