@@ -23,7 +23,9 @@ or why not. The conditions:
   micro-kernel (no dot product: its vector index is written; no unrolled reduction
   index, whose copies would each store) with one store, that reaches
   the buffer through one view per level, writes it with one aggregation and never reads
-  it; no level combines it across threads or has a schedule beyond a parallel loop;
+  it; no level combines it across threads or has a schedule beyond a parallel loop (a
+  tensorized block, pass tensorize, is such a micro-kernel: its register tiles sum the
+  whole reduction before their one store, and it has no outer reduction indices);
 * constraints bound reduction indices (those the written element does not depend on)
   from above only, and every outer level's reduction index is passed into the
   micro-kernel. Then an element written at all is written where its reduction indices
@@ -166,12 +168,16 @@ def _first(levels: list[Block], views: list[Refinement], written: list[set[str]]
             outer.update({(depth, r): r for r in own})
     leaf = levels[-1]
     s = leaf.schedule
-    if not (s.micro and s.vector is not None and s.vector.index in written[-1]
+    # A tensorized block (polytile.loops.tensorize) sums every group and window position
+    # of a register tile in registers before its one store: it is its own micro-kernel.
+    tensorized = s.tensorize is not None and \
+        replace(s, parallel=None, tensorize=None, first=None) == BlockSchedule()
+    if not tensorized and not (s.micro and s.vector is not None and s.vector.index in written[-1]
             and set(s.unroll) <= written[-1]
             and s.boundary in (None, "remainders") and not s.stream
             and replace(s, micro=False, vector=None, boundary=None, unroll=(), order=(),
                         prefetch=0, next_row=(), first=None) == BlockSchedule()):
-        return f"block {leaf.name} is not a vector outer-product micro-kernel"
+        return f"block {leaf.name} is not a vector outer-product micro-kernel or tensorized"
     stores = [st for st in leaf.stmts if isinstance(st, Store)]
     name = views[-1].into
     if len(stores) != 1 or stores[0].ref != name or stores[0].dynamic or \

@@ -249,6 +249,7 @@ def lower_block(low: Lowering, blk: Block, outer: Scope) -> list[L.Stmt]:
     # is staged per tile: the tile's elements copied into a small buffer on the stack,
     # accumulated there as whole vectors and copied back (a few copies per element
     # against the reduction's C*R*S steps).
+    folded = blk.schedule.first is not None
     staged = out_ref.shape.dims[next(k for k, a in enumerate(out_ref.access)
                                      if t.lane in a.names)].stride != 1
 
@@ -267,7 +268,8 @@ def lower_block(low: Lowering, blk: Block, outer: Scope) -> list[L.Stmt]:
         else:
             outs = [[(o.ptr, o.offset) for o in (view(out_ref, {**row, t.lane: s})
                                                  for s, _ in starts)] for row in rows]
-        pre = [L.Var(a, acc_t, L.Read(ptr, off, lanes, _count(n)))
+        # folded (pass fold: the init of 0 runs nowhere): the tile's sums start at 0
+        pre = [L.Var(a, acc_t, L.Lit(0) if folded else L.Read(ptr, off, lanes, _count(n)))
                for row_accs, row_outs in zip(accs, outs)
                for a, (ptr, off), (_, n) in zip(row_accs, row_outs, starts)]
 
@@ -320,7 +322,8 @@ def lower_block(low: Lowering, blk: Block, outer: Scope) -> list[L.Stmt]:
             return pre + inner + post
         return [L.Alloc((L.Buffer(stage, acc_t.dtype, len(rows) * len(starts) * lanes,
                                   "stack", label="a tile of the output"),),
-                        (*staged_copy(rows, starts, stage, True), *pre, *inner, *post,
+                        (*([] if folded else staged_copy(rows, starts, stage, True)),
+                         *pre, *inner, *post,
                          *staged_copy(rows, starts, stage, False)))]
 
     def staged_copy(rows: list[dict[str, Affine]], starts: list[tuple[Affine, int | None]],

@@ -73,7 +73,7 @@ def test_the_widest_instruction_the_target_has_is_chosen() -> None:
 def test_the_ir_records_the_mapping_and_threads_and_round_trips() -> None:
     fn = ir(I8, inspection_target("cpu-avx512", frozenset()), A=(512, 256), B=(256, 512))
     text = format_function(fn)
-    assert "#tensorized schedule(parallel(i0), tensorize(vpdpbusd_512, i1, i2, 6, 4, kept))" in text
+    assert "#tensorized schedule(parallel(i0), first(), tensorize(vpdpbusd_512, i1, i2, 6, 4, kept))" in text
     assert format_function(parse_function(text)) == text
     swapped = text.replace("tensorize(vpdpbusd_512, i1, i2, 6, 4, kept)",
                            "tensorize(vpdpbusd_512, i2, i1, 6, 4, kept)")
@@ -83,6 +83,23 @@ def test_the_ir_records_the_mapping_and_threads_and_round_trips() -> None:
                          "tensorize(vpdpbusd_512, i1, i2, 0, 4, kept)")
     with pytest.raises(IRError, match="register tile 0 x 4 is empty"):
         verify(parse_function(empty))
+
+
+def test_the_init_of_zeros_folds_into_the_tensorized_tiles() -> None:
+    """Pass fold: the tiles' sums start at 0 and are stored, so the init that zeroed the
+    output (4 MiB of stores at 1024^2, then read back) runs nowhere; the verifier proves
+    the fold again, and a first() without its init is refused."""
+    fn = ir(I8, inspection_target("cpu-avx512", frozenset()), A=(40, 70), B=(70, 90))
+    text = format_function(fn)
+    assert "folded(s0)" in text and "first(), tensorize(vpdpbusd_512" in text
+    loops = kernel_text(lower(fn))
+    assert "# block s0_init: made by the first writes of s0" in loops
+    assert "var acc0: int32x16 = 0" in loops and "b2[" not in loops.split("acc0")[1].split("\n")[0]
+    with pytest.raises(IRError, match="first\\(...\\) without an init"):
+        verify(parse_function(text.replace(" schedule(folded(s0))", "")))
+    off = ir(I8, inspection_target("cpu-avx512", frozenset()), {"fold.enabled": False},
+             A=(40, 70), B=(70, 90))
+    assert "first()" not in format_function(off)
 
 
 def test_the_register_tile_fits_the_target_s_vector_registers() -> None:

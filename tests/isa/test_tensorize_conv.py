@@ -107,7 +107,7 @@ def test_the_rewriter_s_ir_and_loops_for_a_conv_are_golden() -> None:
             path.write_text(text)
         assert text == path.read_text(), f"{path.name} changed; see the docstring"
     ir_text, loops = texts.values()
-    assert "#tensorized schedule(tensorize(vpmaddwd_256, i1, i4, 3, 4, kept))" in ir_text
+    assert "#tensorized schedule(first(), tensorize(vpmaddwd_256, i1, i4, 3, 4, kept))" in ir_text
     assert "x packed" not in loops and "p0 widened for vpmaddwd_256" in loops
     assert "a tile of the output" in loops and "on stack" in loops
 
