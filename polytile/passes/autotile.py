@@ -374,12 +374,14 @@ def _cache_tiles(block: N.Block, loops: dict[str, int], parallel: list[str],
 
     tile = {n: loops[n] for n in loops}
     if reductions:
-        # The micro-kernel streams its inputs over the reduction: keep that stream in L1.
+        # The micro-kernel streams its inputs over the reduction: keep that stream within
+        # the target's `reduction_stream` L1 sizes (half of L1 on AVX2; see Target).
         k = max((n for n in reductions if n != vector), key=lambda n: loops[n], default=None)
         if k is not None:
             per_step = _bytes_per_reduction_step(block, k, unroll, vector, vector_tile,
                                                  line)
-            kc = 1 << max(4, int(math.log2(max(1, target.cache_size("L1") // 2 // per_step))))
+            stream = int(target.cache_size("L1") * target.reduction_stream)
+            kc = 1 << max(4, int(math.log2(max(1, stream // per_step))))
             if kc < loops[k]:
                 tile[k] = kc
 

@@ -42,6 +42,13 @@ class Target:
     # Features every machine of this kind has, whatever the host (a GPU target's: the
     # host's CPU features say nothing about the device; sm_80 always has Tensor Cores).
     provides: tuple[str, ...] = ()
+    # How many L1 sizes a micro-kernel's reduction tile may stream of its inputs before
+    # its accumulators go back to memory (pass autotile's kc): half of L1 keeps the
+    # stream in L1, as BLIS sizes kc; more lets it come from L2 and loads and stores the
+    # accumulators less often. On an AVX-512 Xeon (Cascade Lake, L1 32 KiB, L2 1 MiB),
+    # cpu-avx512's 4 ran tmm 1024^3 0.66x, gconv 0.63x, MLP1 0.60x the time of 0.5
+    # (benchmarks/option_ab.py); AVX2's 0.5 is what the Zen 3 EPYC was tuned with.
+    reduction_stream: float = 0.5
 
     def has(self, feature: str) -> bool:
         """Whether code for this target may use `feature`: one the target declares
@@ -90,7 +97,8 @@ def load_target(name: str) -> Target:
                   int(data["vector_registers"]), _freeze(data["cache_bytes"]),
                   int(data["cache_line_bytes"]), tuple(data["cflags"]), bool(data["openmp"]),
                   passes, str(data.get("backend", "c-x86")),
-                  provides=tuple(data.get("provides", [])))
+                  provides=tuple(data.get("provides", [])),
+                  reduction_stream=float(data.get("reduction_stream", 0.5)))
 
 
 @lru_cache(maxsize=1)
