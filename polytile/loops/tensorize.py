@@ -16,7 +16,8 @@ whose accumulator has L lanes and whose two operands hold G values per lane.
                                          or one row per thread if they are all there is):
         for 4 chunks of 16 lanes at a time (the schedule's chains; then single chunks,
                                             then a masked tail):
-          acc[i][j] = C[m_i, n0_j : n0_j + 16]
+          acc[i][j] = C[m_i, n0_j : n0_j + 16]   (0 where pass fold folded the init:
+                                                  schedule `first()`)
           for g < K / G:  b_j = Bp[s, g, 16 j : 16 j + 16, :] (one load for the 6 rows);
                           a_i = the G bytes A[m_i, G*g : G*g + G] in every lane (one
                           word broadcast for the 4 chunks); acc[i][j] = I(acc[i][j], a_i, b_j)
@@ -246,9 +247,10 @@ def lower_block(low: Lowering, blk: Block, outer: Scope) -> list[L.Stmt]:
                                 label=f"{safe(x_ref.into)} {how} for {t.instruction}"))
 
     # An output whose lanes are not contiguous (a convolution's NKHW: k runs the lanes)
-    # is staged per tile: the tile's elements copied into a small buffer on the stack,
-    # accumulated there as whole vectors and copied back (a few copies per element
-    # against the reduction's C*R*S steps).
+    # is staged per tile: the tile's elements copied into a small buffer on the stack
+    # (not where the init is folded: the sums start at 0), accumulated there as whole
+    # vectors and copied back (a few copies per element against the reduction's C*R*S
+    # steps).
     folded = blk.schedule.first is not None
     staged = out_ref.shape.dims[next(k for k, a in enumerate(out_ref.access)
                                      if t.lane in a.names)].stride != 1

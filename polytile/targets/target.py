@@ -90,6 +90,9 @@ def load_target(name: str) -> Target:
                                 PREFERENCE + ("opencl", "cuda-sm80", "cuda-sm90"))
                             ) from None
     data = json.loads(text)
+    if not float(data.get("reduction_stream", 0.5)) > 0:
+        raise ArgumentError(f"target {name}: reduction_stream must be positive, got "
+                            f"{data['reduction_stream']!r}")
     passes = tuple((p["pass"], _freeze({k: v for k, v in p.items() if k != "pass"}))
                    for p in data.get("passes", []))
     return Target(data["name"], data.get("description", ""), tuple(data["requires"]),
