@@ -18,7 +18,8 @@ shift convolution (8 x 256 x 28 x 28, 256 filters; O is 6.4 MB) 8.78 -> 7.96 ms,
 convolution 11.35 -> 10.43 ms, tmm 1024^3 17.25 -> 16.68 ms. A tensorized block (pass
 tensorize) folds too, `first()`: its register tiles start from 0 instead of reading the
 output (AVX-512 VNNI Xeon, two threads: UNIT's Table I convolutions, whose tiles were also
-copied into a stack buffer first, 1.25x -> 1.53x fbgemm's geomean; u8 x s8 1024^3 ~8%).
+copied into a stack buffer first, 1.25x -> 1.53x fbgemm's geomean; the u8 x s8 1024^3
+matmul within noise, 493-524 against 510-519 GOP/s).
 Runs last in the CPU pipelines, after autotile and reorder have fixed each micro-kernel's
 loops.
 """

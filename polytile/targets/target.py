@@ -55,8 +55,13 @@ class Target:
         (required or optional) that the host has, or one it provides. A host feature the
         target does not declare is not in use: cpu-avx2 on an AVX-512 VNNI host runs AVX2
         code, not vpdpbusd on zmm registers."""
-        return feature in self.provides or (
-            feature in self.features and feature in self.requires + self.optional)
+        return feature in self.in_use
+
+    @property
+    def in_use(self) -> frozenset[str]:
+        """The host features the target declares, and the ones it provides."""
+        return (self.features & frozenset(self.requires + self.optional)) | frozenset(
+            self.provides)
 
     def cache_size(self, level: str) -> int:
         return dict(self.cache_bytes)[level]
@@ -65,8 +70,7 @@ class Target:
     def identity(self) -> str:
         """Name, the features in use and the cache sizes: part of every cache key (the
         sizes come from the host when it tells them, and the tiles follow them)."""
-        used = sorted((self.features & (set(self.optional) | set(self.requires)))
-                      | set(self.provides))
+        used = sorted(self.in_use)
         caches = ",".join(f"{level}={size // 1024}K" for level, size in self.cache_bytes)
         return f"{self.name}[{','.join(used)}]({caches})"
 
@@ -90,9 +94,9 @@ def load_target(name: str) -> Target:
                                 PREFERENCE + ("opencl", "cuda-sm80", "cuda-sm90"))
                             ) from None
     data = json.loads(text)
-    if not float(data.get("reduction_stream", 0.5)) > 0:
-        raise ArgumentError(f"target {name}: reduction_stream must be positive, got "
-                            f"{data['reduction_stream']!r}")
+    stream = float(data.get("reduction_stream", 0.5))
+    if not stream > 0:
+        raise ArgumentError(f"target {name}: reduction_stream must be positive, got {stream}")
     passes = tuple((p["pass"], _freeze({k: v for k, v in p.items() if k != "pass"}))
                    for p in data.get("passes", []))
     return Target(data["name"], data.get("description", ""), tuple(data["requires"]),
@@ -101,7 +105,7 @@ def load_target(name: str) -> Target:
                   int(data["cache_line_bytes"]), tuple(data["cflags"]), bool(data["openmp"]),
                   passes, str(data.get("backend", "c-x86")),
                   provides=tuple(data.get("provides", [])),
-                  reduction_stream=float(data.get("reduction_stream", 0.5)))
+                  reduction_stream=stream)
 
 
 @lru_cache(maxsize=1)
