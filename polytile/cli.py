@@ -189,7 +189,12 @@ def _shown_target(name: str | None):  # type: ignore[no-untyped-def]
 
 
 def cmd_targets(args: argparse.Namespace) -> int:
-    from polytile.targets.target import host_features, missing_features, shipped_targets
+    from polytile.targets.target import (
+        EMULATED_BACKENDS,
+        host_features,
+        missing_features,
+        shipped_targets,
+    )
 
     host = host_features()
     rows = [("target", "backend", "vector", "requires", "optional", "this host")]
@@ -203,7 +208,10 @@ def cmd_targets(args: argparse.Namespace) -> int:
             from polytile.runtime.cuda import device_problem
             problem = device_problem(target_arch(t))
             runs = f"compiles only ({problem})" if problem else runs
-        needs = {"opencl": "an OpenCL device", "cuda": "NVRTC; a GPU to run"}
+        if not missing and t.backend in EMULATED_BACKENDS:
+            runs = "under qemu-aarch64 (emulated: correct, not timed)"
+        needs = {"opencl": "an OpenCL device", "cuda": "NVRTC; a GPU to run",
+                 "c-arm64": "a cross compiler and qemu-aarch64"}
         rows.append((t.name, t.backend, f"{t.vector_bytes * 8} bit",
                      ",".join(t.requires) or needs.get(t.backend, "-"),
                      ",".join(t.optional + t.provides) or "-", runs))
@@ -232,7 +240,11 @@ def cmd_instructions(args: argparse.Namespace) -> int:
 
 def _runs_here(d: Description, host: frozenset[str]) -> str:
     """Whether this host runs a description: a CPU feature it has, or, for a warp-level
-    (GPU) instruction, a CUDA device."""
+    (GPU) instruction, a CUDA device; an AArch64 one (no x86 form) runs under qemu where
+    the cross tools are (polytile.runtime.emulated)."""
+    if "c-arm64" in d.definition.forms and "c-x86" not in d.definition.forms:
+        from polytile.runtime.emulated import cross_problem
+        return "no" if cross_problem() else "under qemu-aarch64"
     if not d.definition.warp:
         return "yes" if d.feature in host else "no"
     from polytile.runtime.cuda import device_problem

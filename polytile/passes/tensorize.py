@@ -77,7 +77,7 @@ def tensorize(fn: N.Function, target: Target, params: dict[str, Any]) -> N.Funct
                                "(mma.sync) through pass tensor_cores",
                                hint="name tensor_cores instead of tensorize in the target's passes")
     usable = sorted((d for d in descriptions() if target.has(d.feature)
-                     and "c-x86" in d.definition.forms and lane_dot(d)),
+                     and target.backend in d.definition.forms and lane_dot(d)),
                     key=lambda d: (-d.operand_types[0].lanes, d.name))   # most products first
     if not usable:
         return fn

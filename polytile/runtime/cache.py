@@ -63,8 +63,8 @@ class BuildStep(Protocol):
 ENTRY_FORMAT = 2    # 2: the source file name and the stages are recorded
 META_NAME = "meta.json"
 # A shared object (the C backend), or a binary its backend loads itself (OpenCL's
-# program binaries): only a shared object is opened here.
-_SO_NAME = re.compile(r"kernel-[0-9a-f]{16}\.(so|bin)")
+# program binaries, an emulated target's executable): only a shared object is opened here.
+_SO_NAME = re.compile(r"kernel-[0-9a-f]{16}\.(so|bin|exe)")
 _SOURCE_NAME = re.compile(r"kernel\.[a-z]{1,8}")
 _STAGE_NAME = re.compile(r"[a-z][a-z0-9_-]{0,31}")
 _STALE_BUILD_SECONDS = 3600.0

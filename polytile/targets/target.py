@@ -91,7 +91,8 @@ def load_target(name: str) -> Target:
     except FileNotFoundError:
         raise ArgumentError(f"unknown target {name!r}",
                             hint="shipped targets: " + ", ".join(
-                                PREFERENCE + ("opencl", "cuda-sm80", "cuda-sm90"))
+                                PREFERENCE + ("cpu-arm64-dot", "opencl", "cuda-sm80",
+                                              "cuda-sm90"))
                             ) from None
     data = json.loads(text)
     stream = float(data.get("reduction_stream", 0.5))
@@ -160,6 +161,9 @@ def supports(target: Target, features: frozenset[str]) -> bool:
 
 
 GPU_BACKENDS = ("opencl", "cuda")      # what the `gpu` extra installs
+# Backends whose kernels run on an emulated machine of another architecture: the host's
+# CPU features and cache sizes say nothing about it (the target file's stand).
+EMULATED_BACKENDS = ("c-arm64",)
 
 
 def missing_features(target: Target, features: frozenset[str]) -> list[str]:
@@ -167,7 +171,8 @@ def missing_features(target: Target, features: frozenset[str]) -> list[str]:
     An OpenCL target needs a working OpenCL device (pyopencl and a driver such as PoCL)
     instead of CPU flags; what is missing is said in words. A CUDA target needs NVRTC
     only: its kernels compile anywhere, and running one without a device is refused when
-    it is loaded (polytile.backends.cuda)."""
+    it is loaded (polytile.backends.cuda). An emulated target (cpu-arm64-dot) needs its
+    cross compiler and emulator (polytile.runtime.emulated)."""
     if target.backend == "opencl":
         from polytile.runtime.opencl import device_problem
         problem = device_problem()
@@ -175,6 +180,10 @@ def missing_features(target: Target, features: frozenset[str]) -> list[str]:
     if target.backend == "cuda":
         from polytile.runtime.cuda import nvrtc_problem
         problem = nvrtc_problem()
+        return [problem] if problem else []
+    if target.backend in EMULATED_BACKENDS:
+        from polytile.runtime.emulated import cross_problem
+        problem = cross_problem()
         return [problem] if problem else []
     if target.requires and platform.machine().lower() not in ("x86_64", "amd64"):
         return ["x86-64"]
@@ -218,6 +227,8 @@ def select_target(requested: str | None = None,
                                                else "use cpu-generic") + " or unset "
                                 "POLYTILE_TARGET; `polytile show --target` prints its code on "
                                 "any host")
+        if target.backend in EMULATED_BACKENDS:
+            return target
         return with_host_caches(replace(target, features=features))
     for candidate in PREFERENCE:
         target = load_target(candidate)

@@ -18,11 +18,15 @@ SEEDS = [0, 1, 2]
 _MODULES: dict[tuple[str, str], pt.Module] = {}
 
 
+# Backends of other test modules, which are the c launcher on another target:
+# test_opencl.py, test_arm64.py.
+TARGETS = {"opencl": "opencl", "arm64": "cpu-arm64-dot"}
+
+
 def module(source: str, backend: str) -> pt.Module:
     key = (source, backend)
     if key not in _MODULES:
-        # "opencl" is the c backend's launcher on the opencl target (test_opencl.py)
-        _MODULES[key] = (pt.define(source, target="opencl") if backend == "opencl"
+        _MODULES[key] = (pt.define(source, target=TARGETS[backend]) if backend in TARGETS
                          else pt.define(source, backend=backend))
     return _MODULES[key]
 

@@ -16,6 +16,7 @@ import pytest
 
 from polytile import dtypes, errors
 from polytile.ir import intrinsics
+from polytile.runtime.emulated import cross_problem
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -47,6 +48,8 @@ def test_example_runs(name: str, code: str, output: str | None, tmp_path: Path) 
     if re.search(r"cluster=", code):
         pytest.importorskip("distributed", reason="the example tunes on a Dask cluster, "
                                                   "the optional cluster extra")
+    if "cpu-arm64-dot" in code and cross_problem() is not None:
+        pytest.skip(f"the example runs on cpu-arm64-dot, which needs {cross_problem()}")
     env = dict(os.environ, POLYTILE_CACHE_DIR=str(tmp_path / "cache"),
                PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
     done = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path,

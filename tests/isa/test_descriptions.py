@@ -24,6 +24,7 @@ from polytile.isa import Description, descriptions, load_description
 from polytile.loops import nodes as L
 from polytile.loops.interp import run_kernel
 from polytile.runtime.cuda import device_problem
+from polytile.runtime.emulated import cross_problem
 from polytile.targets.target import host_features
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "codegen"))
@@ -239,6 +240,9 @@ def test_polytile_instructions_lists_them(capsys: pytest.CaptureFixture[str]) ->
         if d.definition.warp:           # a GPU's: runs where there is a CUDA device
             problem = device_problem()
             assert runs == ("yes" if problem is None else f"no ({problem.split(' (')[0]})")
+        elif "c-x86" not in d.definition.forms:     # an Arm one: emulated (cpu-arm64-dot)
+            assert runs == ("under qemu-aarch64" if cross_problem() is None else "no")
+            assert "cpu-arm64-dot" in line
         else:
             assert runs == ("yes" if d.feature in host_features() else "no")
     assert "cpu-avx512" in out

@@ -33,7 +33,8 @@ def mm_spec():  # type: ignore[no-untyped-def]
 def test_every_shipped_target_names_a_registered_backend() -> None:
     for target in shipped_targets():
         backend = B.backend_for(target)
-        source = {"c-x86": "c", "opencl": "opencl", "cuda": "cuda"}[target.backend]
+        source = {"c-x86": "c", "c-arm64": "c", "opencl": "opencl",
+                  "cuda": "cuda"}[target.backend]
         assert backend.name == target.backend and backend.stages[-1] == source
 
 
