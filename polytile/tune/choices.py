@@ -50,6 +50,9 @@ PIPELINE_CHOICES: dict[str, tuple[Any, ...]] = {
     "collapse.enabled": (True, False),
     "fuse.strategy": ("rows", "max", "none"),
     "gathercopy.enabled": (True, False),
+    # A convolution summed along its channels or along w (neutral on a group convolution
+    # on AVX-512: the tuner decides there).
+    "outlayout.enabled": (True, False),
     "pack.enabled": (True, False),
     "ptrinc.enabled": (True, False),
     # GPU targets (TC §6: block sizes, promotion on/off, mapped dimensions); the grid
