@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from polytile.compile import Compiler, TuningKey
-from polytile.errors import ArgumentError
+from polytile.errors import ArgumentError, UnsupportedError
 from polytile.ir.lower import lower
 from polytile.passes.pipeline import check_pass_options
 from polytile.runtime.files import sha256_text
@@ -40,6 +40,7 @@ from polytile.sema import reference
 from polytile.sema.canonical import alpha_rename, canonical
 from polytile.sema.printer import format_function
 from polytile.sema.specialize import Specialized
+from polytile.targets.target import EMULATED_BACKENDS
 from polytile.tune.database import Measurement, TuningDatabase
 from polytile.tune.measure import (
     Build,
@@ -179,6 +180,10 @@ def tune_spec(compiler: Compiler, spec: Specialized, inputs: dict[str, np.ndarra
     if config.disable_disk_cache:
         raise ArgumentError("tuning needs the disk cache (candidates are built by worker "
                             "processes)", hint="unset POLYTILE_NO_DISK_CACHE")
+    if compiler.target.backend in EMULATED_BACKENDS:
+        raise UnsupportedError(f"target {compiler.target.name} runs under an emulator: "
+                               "timing it would tune the emulator, not the machine",
+                               hint="tune on the machine itself, or for a host target")
     if compiler.target.backend == "cuda":
         # A cuda target compiles on any host (select_target allows it) but times nothing
         # without a device: refuse now rather than reject every candidate.

@@ -74,3 +74,10 @@ def test_the_target_is_never_chosen_for_the_host_and_has_no_sanitizers() -> None
     backend = backend_for(load_target(TARGET))
     with pytest.raises(UnsupportedError, match="no sanitizers"):
         backend.flags(load_target(TARGET), detect_toolchain(load_config()), ("address",))
+
+
+def test_tuning_the_emulated_target_is_refused() -> None:
+    """Timing a kernel under qemu would tune the emulator, not an Arm core."""
+    fn = pt.define("def f(float(N) X) -> (Y) {\n  Y(i) = X(i) * 2\n}\n", target=TARGET).f
+    with pytest.raises(UnsupportedError, match="emulator"):
+        fn.tune(np.ones(40, np.float32), budget_seconds=5)
