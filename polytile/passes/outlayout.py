@@ -25,8 +25,11 @@ whose unit-stride output index an input reads through a window (the index plus a
 reduction index in one subscript), and which has another output index that no windowed
 input reads, that some input reads, and whose range is a multiple of the target's float32
 vector. The output index taken is the last such one (the channels of an NKHW output).
-One thread and two, AVX-512 Xeon (`polytile bench`, see benchmarks/RESULTS.md): the
-3 x 3 64 -> 64 convolution at 56 x 56 and the group convolution of the TC paper.
+A contraction inside a fused row loop (pass fuse: weights under half of L1) is left alone.
+Intel Xeon, two threads, this pass off against on (`benchmarks/option_ab.py`): the 3 x 3
+64 -> 64 convolution at 56 x 56 0.74-0.80x the time on cpu-avx512 and 0.92-0.93x on
+cpu-avx2; the TC paper's group convolution 1.01-1.05x on cpu-avx512 (its 6.4 MB output's
+transpose costs what the contraction gains) and 0.78-0.83x on cpu-avx2.
 
 Parameters: `enabled` (default true).
 """
