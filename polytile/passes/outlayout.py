@@ -56,13 +56,12 @@ def outlayout(fn: N.Function, target: Target, params: dict[str, Any]) -> N.Funct
     k = 1
     while k < len(stmts):
         init, block = stmts[k - 1], stmts[k]
-        d = _channel_dim(init, block, top, lanes) if isinstance(init, N.Block) \
-            and isinstance(block, N.Block) else None
-        if d is None:
+        found = _channel_dim(init, block, top, lanes)
+        if found is None:
             k += 1
             continue
         assert isinstance(init, N.Block) and isinstance(block, N.Block)
-        out = _output(block)
+        out, d = found
         buffer = top[out.from_]
         name = _fresh(f"{out.from_}_t", top)
         order = [j for j in range(len(buffer.shape.dims)) if j != d] + [d]
@@ -77,15 +76,12 @@ def outlayout(fn: N.Function, target: Target, params: dict[str, Any]) -> N.Funct
     return replace(fn, body=replace(fn.body, refs=tuple(refs), stmts=tuple(stmts)))
 
 
-def _output(block: N.Block) -> N.Refinement:
-    (out,) = [r for r in block.refs if r.dir in ("out", "inout")]
-    return out
-
-
-def _channel_dim(init: N.Block, block: N.Block, top: dict[str, N.Refinement],
-                 lanes: int) -> int | None:
-    """The output dimension to make innermost (see the module docstring), or None."""
-    if not {"contraction", "kernel"} <= block.tags or "init" not in init.tags:
+def _channel_dim(init: N.Statement, block: N.Statement, top: dict[str, N.Refinement],
+                 lanes: int) -> tuple[N.Refinement, int] | None:
+    """The contraction's output view and the output dimension to make innermost (see the
+    module docstring), or None."""
+    if not (isinstance(init, N.Block) and isinstance(block, N.Block)) \
+            or not {"contraction", "kernel"} <= block.tags or "init" not in init.tags:
         return None
     outs = [r for r in block.refs if r.dir in ("out", "inout")]
     if len(outs) != 1 or any(isinstance(s, N.Block) for s in block.stmts):
@@ -123,7 +119,7 @@ def _channel_dim(init: N.Block, block: N.Block, top: dict[str, N.Refinement],
         if any(a.coeff(n) for r in windowed for a in r.access):
             continue
         if any(a.coeff(n) for r in inputs for a in r.access):
-            return d
+            return out, d
     return None
 
 
