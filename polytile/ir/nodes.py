@@ -140,6 +140,11 @@ class TensorShape:
         """Bytes of its elements (a view's, not the span of its strides)."""
         return math.prod(self.sizes) * max(1, self.dtype.bits // 8)
 
+    @property
+    def element(self) -> TensorShape:
+        """The shape of a view of one element of this buffer: sizes 1, its strides."""
+        return TensorShape(self.dtype, tuple(Dim(1, d.stride) for d in self.dims))
+
 
 @dataclass(frozen=True)
 class Refinement:

@@ -120,7 +120,7 @@ def _copy_block(block: N.Block, g: _Gather, buffer: N.Refinement) -> N.Block:
     used = {s.ref for s in stmts if isinstance(s, N.Load)}
     refs = [r for r in block.refs if r.into in used]
     out = N.Refinement("out", buffer.into, buffer.into,
-                       tuple(N.Affine.index(n) for n in g.indices), _element(buffer))
+                       tuple(N.Affine.index(n) for n in g.indices), buffer.shape.element)
     idxs = tuple(N.Index(n, ranges[n]) for n in g.indices) + ptrinc.passed_indices(block)
     return N.Block(f"{block.name}_copy", idxs, (), (out, *refs),
                    (*stmts, N.Store(buffer.into, g.load.into)),
@@ -131,17 +131,12 @@ def _copy_block(block: N.Block, g: _Gather, buffer: N.Refinement) -> N.Block:
 def _reading_copy(block: N.Block, g: _Gather, buffer: N.Refinement) -> N.Block:
     """`block` with its gathered view moved onto the dense copy, read at its indices."""
     view = replace(g.ref, from_=buffer.into, access=tuple(N.Affine.index(n) for n in g.indices),
-                   shape=_element(buffer))
+                   shape=buffer.shape.element)
     stmts = ptrinc.live([N.Load(s.into, s.ref) if s == g.load else s for s in block.stmts])
     used = {s.ref for s in stmts if isinstance(s, (N.Load, N.Store))}
     refs = tuple(view if r.into == g.ref.into else r for r in block.refs
                  if r.dir != "in" or r.into in used)
     return replace(block, refs=refs, stmts=tuple(stmts))
-
-
-def _element(buffer: N.Refinement) -> N.TensorShape:
-    """The shape of a view of one element of the copy."""
-    return N.TensorShape(buffer.shape.dtype, tuple(N.Dim(1, d.stride) for d in buffer.shape.dims))
 
 
 def _rewrite(block: N.Block, settings: ptrinc.Settings, min_reuse: int, taken: set[str]

@@ -130,8 +130,7 @@ def _redirected(block: N.Block, buffer: str, name: str, order: list[int],
         if r.from_ != buffer:
             return r
         return replace(r, from_=name, access=tuple(r.access[j] for j in order),
-                       shape=N.TensorShape(copy.dtype, tuple(N.Dim(1, x.stride)
-                                                             for x in copy.dims)))
+                       shape=copy.element)
     return replace(block, refs=tuple(moved(r) for r in block.refs))
 
 
@@ -142,11 +141,8 @@ def _transpose(name: str, local: N.Refinement, buffer: N.Refinement, order: list
     idxs = tuple(N.Index(f"a{j}", d.size) for j, d in enumerate(dims))
     plain = tuple(N.Affine.index(f"a{j}") for j in range(len(dims)))
     src = N.Refinement("in", local.into, local.into, tuple(plain[j] for j in order),
-                       N.TensorShape(local.shape.dtype, tuple(N.Dim(1, x.stride)
-                                                              for x in local.shape.dims)))
-    dst = N.Refinement("out", buffer.into, buffer.into, plain,
-                       N.TensorShape(buffer.shape.dtype, tuple(N.Dim(1, x.stride)
-                                                               for x in dims)))
+                       local.shape.element)
+    dst = N.Refinement("out", buffer.into, buffer.into, plain, buffer.shape.element)
     stmts = (N.Load("$x", local.into), N.Store(buffer.into, "$x"))
     return N.Block(name, idxs, (), (src, dst), stmts, frozenset({"kernel", "pack"}),
                    schedule=N.BlockSchedule(transpose=lanes))

@@ -356,9 +356,8 @@ def _reading(block: N.Block, into: str, name: str, copy: _Copy,
              access: tuple[N.Affine, ...]) -> N.Block:
     """`block` with its view `into` moved onto buffer `name`, the copy's layout, at
     `access`. Load statements name views by `into`, which is unchanged."""
-    refs = tuple(replace(r, from_=name, access=access, shape=N.TensorShape(
-        copy.shape.dtype, tuple(N.Dim(1, x.stride) for x in copy.shape.dims)))
-        if r.into == into else r for r in block.refs)
+    refs = tuple(replace(r, from_=name, access=access, shape=copy.shape.element)
+                 if r.into == into else r for r in block.refs)
     return replace(block, refs=refs)
 
 
@@ -407,12 +406,10 @@ class _Copy:
                            for j, a in enumerate(self.ref.access))
         constraints = ((N.Affine.constant(self.ranges[self.d] - 1) - value,)
                        if self.ranges[self.d] % self.width else ())
-        src = N.Refinement("in", source.into, source.into, src_access, N.TensorShape(
-            source.shape.dtype, tuple(N.Dim(1, x.stride) for x in source.shape.dims)))
+        src = N.Refinement("in", source.into, source.into, src_access, source.shape.element)
         dst_access = ((N.Affine.index("o"),) + tuple(N.Affine.index(f"a{j}") for j in self.looped)
                       + (N.Affine.index("i"),))
-        dst = N.Refinement("out", name, name, dst_access, N.TensorShape(
-            self.shape.dtype, tuple(N.Dim(1, x.stride) for x in self.shape.dims)))
+        dst = N.Refinement("out", name, name, dst_access, self.shape.element)
         stmts: tuple[N.Statement, ...] = (N.Load("$x", source.into), N.Store(name, "$x"))
         if self.widens:                                 # exactly (`widened`)
             stmts = (stmts[0], N.Intrinsic("cast", ("$x",), "$w", self.shape.dtype),

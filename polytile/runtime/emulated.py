@@ -17,7 +17,7 @@ does not measure it.
 """
 from __future__ import annotations
 
-import os
+import functools
 import shutil
 import struct
 import subprocess
@@ -103,8 +103,9 @@ def cross_problem() -> str | None:
     return None
 
 
+@functools.cache
 def cross_compiler_version() -> str:
-    """The cross compiler's version (`-dumpfullversion`), for cache keys."""
+    """The cross compiler's version (`-dumpfullversion`), for cache keys; asked once."""
     done = subprocess.run([CROSS_CC, "-dumpfullversion"], capture_output=True, text=True,
                           check=False, stdin=subprocess.DEVNULL)
     return done.stdout.strip() or "unknown"
@@ -137,11 +138,10 @@ class EmulatedKernel:
                 for v in views:
                     f.write(struct.pack("<q", v.nbytes))
                     f.write(v.tobytes())
-            env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2")}
             try:
                 done = subprocess.run([EMULATOR, str(self.executable), str(request), str(reply)],
                                       capture_output=True, text=True, errors="replace",
-                                      timeout=CALL_TIMEOUT, env=env, stdin=subprocess.DEVNULL,
+                                      timeout=CALL_TIMEOUT, stdin=subprocess.DEVNULL,
                                       check=False)
             except subprocess.TimeoutExpired:
                 raise KernelError(f"the emulated kernel {self.executable.name} did not "
