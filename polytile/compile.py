@@ -341,9 +341,14 @@ class CompiledFunction:
         if buffers is None:
             return None
         if out is None:
-            outs = [allocate(shape, dtype) for allocate, shape, dtype in self._allocate]
+            outs = self.new_outputs()
         self._check(self.kernel(buffers + outs))
         return outs[0] if len(outs) == 1 else tuple(outs)
+
+    def new_outputs(self) -> list[np.ndarray]:
+        """The outputs of a call without out=: from the pool where the kernel writes
+        every element before reading it, else cleared."""
+        return [allocate(shape, dtype) for allocate, shape, dtype in self._allocate]
 
     @property
     def takes_addresses(self) -> bool:

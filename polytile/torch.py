@@ -33,7 +33,6 @@ import itertools
 import re
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -185,23 +184,15 @@ def _run(tc: TCFunction, args: tuple[Any, ...] | list[Any]) -> tuple[torch.Tenso
     return tuple(_tensor(o) for o in (result if isinstance(result, tuple) else (result,)))
 
 
-@dataclass(frozen=True)
-class _Types:
-    """A compiled kernel's parameter and output types in torch's terms."""
-    params: tuple[torch.dtype | None, ...]           # None: a scalar
-    outputs: tuple[tuple[tuple[int, ...], torch.dtype, bool], ...]   # shape, dtype, cleared
-
-    @staticmethod
-    def of(compiled: CompiledFunction) -> _Types:
-        return _Types(
-            tuple(None if p.kind == "scalar" else torch_dtype(p.dtype.numpy)
-                  for p in compiled.fn.params),
-            tuple((shape, torch_dtype(dtype), cleared) for (shape, dtype), cleared
-                  in zip(compiled.output_types, compiled.cleared)))
+def _param_types(compiled: CompiledFunction) -> tuple[torch.dtype | None, ...]:
+    """A compiled kernel's parameter types in torch's terms (None: a scalar)."""
+    return tuple(None if p.kind == "scalar" else torch_dtype(p.dtype.numpy)
+                 for p in compiled.fn.params)
 
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)    # subclasses may redefine data_ptr: not these
-_TYPES: weakref.WeakKeyDictionary[CompiledFunction, _Types] = weakref.WeakKeyDictionary()
+_TYPES: weakref.WeakKeyDictionary[CompiledFunction, tuple[torch.dtype | None, ...]] = \
+    weakref.WeakKeyDictionary()
 
 
 def _run_addresses(compiled: CompiledFunction, args: tuple[Any, ...] | list[Any]
@@ -212,17 +203,18 @@ def _run_addresses(compiled: CompiledFunction, args: tuple[Any, ...] | list[Any]
     here."""
     types = _TYPES.get(compiled)
     if types is None:
-        types = _TYPES[compiled] = _Types.of(compiled)
+        types = _TYPES[compiled] = _param_types(compiled)
     addresses: list[Any] = []
-    for a, dtype in zip(args, types.params):
+    for a, dtype in zip(args, types):
         if dtype is None:
             addresses.append(a)
         elif (type(a) in _PLAIN and a.dtype is dtype and a.is_cpu and a.is_contiguous()):
             addresses.append(a.data_ptr())
         else:
             return None
-    outputs = tuple(torch.zeros(shape, dtype=dtype) if cleared else
-                    torch.empty(shape, dtype=dtype) for shape, dtype, cleared in types.outputs)
+    # As a NumPy call's: pooled memory (torch.empty's would be faulted in afresh by
+    # every step that frees a few outputs of a MiB or more: polytile.runtime.pool).
+    outputs = tuple(_tensor(o) for o in compiled.new_outputs())
     if not compiled.run_addresses(addresses, [o.data_ptr() for o in outputs]):
         return None
     return outputs

@@ -2,9 +2,15 @@
 
 A fresh array of a few MiB or more comes from mmap, and the kernel's first write to each
 of its pages takes a page fault: a 64 MiB softmax output costs 17.9 ms to allocate and
-write, 8.4 ms when written into a block used before (one thread, Zen 3 EPYC). An output
-the kernel writes in full before reading it (`analysis.overwrite`) is therefore taken
-from a pool of blocks, each a NumPy array the pool owns:
+write, 8.4 ms when written into a block used before (one thread, Zen 3 EPYC). Arrays
+below a MiB fare no better when a call frees several: glibc gives the top of its heap
+back to the system once the free memory there passes twice the largest block it ever
+mapped, so two 1000 KiB outputs freed after each call are faulted in afresh by the next
+(806 us to allocate and fill them, 120 us to fill them again; MLP1's gradient at
+128x2000x128, two such outputs, 1.7-2.0 ms against 0.88-0.98 ms into blocks used
+before; Intel Xeon, 2026-11-27). An output the kernel writes in full before reading it
+(`analysis.overwrite`) is therefore taken from a pool of blocks, each a NumPy array the
+pool owns:
 
     pool = OutputPool(capacity=256 << 20)
     y = pool.empty((4096, 4096), np.float32)     # a view of a pooled block
@@ -34,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-MIN_BYTES = 1 << 20     # smaller arrays come from NumPy's own cache or the heap, not mmap
+MIN_BYTES = 64 << 10    # smaller ones: heap memory, a few pages each (not worth a lookup)
 ALIGN = 64              # bytes: where every pooled output starts
 
 
@@ -42,7 +48,8 @@ class OutputPool:
     def __init__(self, capacity: int, min_bytes: int = MIN_BYTES):
         self.capacity = capacity
         self.min_bytes = min_bytes
-        self._blocks: dict[int, list[np.ndarray]] = {}
+        # nbytes -> [(block, offset of its first 64-byte aligned byte)]
+        self._blocks: dict[int, list[tuple[np.ndarray, int]]] = {}
         self._held = 0
         self._lock = threading.Lock()
 
@@ -54,27 +61,23 @@ class OutputPool:
             return np.empty(shape, dt)
         with self._lock:      # two threads must not both take the same free block
             blocks = self._blocks.setdefault(nbytes, [])
-            for k in range(len(blocks)):
-                # References: the list's and getrefcount's argument; any view adds one
-                # (a view's `base` is the array that owns the memory: the block).
-                if sys.getrefcount(blocks[k]) == 2:
-                    return _aligned(blocks[k], nbytes).view(dt).reshape(shape)
+            for block, offset in blocks:
+                # References: the list's tuple, this loop's variable and getrefcount's
+                # argument; any view adds one (a view's `base` is the array that owns
+                # the memory: the block).
+                if sys.getrefcount(block) == 3:
+                    return np.ndarray(shape, dt, block, offset)
             if self._held + nbytes > self.capacity:
                 return np.empty(shape, dt)
             block = np.empty(nbytes + ALIGN, np.uint8)
-            blocks.append(block)
+            offset = -block.ctypes.data % ALIGN
+            blocks.append((block, offset))
             self._held += nbytes
-            return _aligned(block, nbytes).view(dt).reshape(shape)
+            return np.ndarray(shape, dt, block, offset)
 
     @property
     def held_bytes(self) -> int:
         return self._held
-
-
-def _aligned(block: np.ndarray, nbytes: int) -> np.ndarray:
-    """The `nbytes` of `block` from its first byte at a multiple of ALIGN."""
-    start = -block.__array_interface__["data"][0] % ALIGN
-    return block[start:start + nbytes]
 
 
 _POOLS: dict[int, OutputPool] = {}

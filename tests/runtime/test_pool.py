@@ -60,6 +60,19 @@ def test_small_arrays_and_arrays_beyond_the_capacity_are_not_pooled() -> None:
     assert output_pool(0) is None and output_pool(3 * MB) is output_pool(3 * MB)
 
 
+def test_outputs_from_64_kib_are_pooled() -> None:
+    """Below a MiB too: a call that frees a few such outputs has glibc give its heap's
+    top back to the system, and the next call faults the pages in again."""
+    pool = OutputPool(16 * MB)
+    pool.empty((16383,), np.float32)
+    assert pool.held_bytes == 0
+    a = pool.empty((128, 128), np.float32)
+    assert pool.held_bytes == 64 << 10 and address(a) % 64 == 0
+    first = address(a)
+    del a
+    assert address(pool.empty((128, 128), np.float32)) == first
+
+
 def test_threads_never_share_a_block() -> None:
     """Each thread marks its block and checks the mark after yielding: a block handed to
     two threads at once would show the other's mark."""

@@ -226,3 +226,24 @@ def test_the_address_path_agrees_with_the_numpy_path(monkeypatch: pytest.MonkeyP
     with pytest.raises(pt.ArgumentError, match="dtype float32"):
         op(x.double(), y, 2.0)
     assert calls[-1] is False
+
+
+def test_outputs_of_the_address_path_reuse_pooled_memory_only_once_released() -> None:
+    """A step's outputs come from the output pool as a NumPy call's do (no page faults
+    on memory the process used before): a released output's memory is handed out again,
+    a live one's never, and each result is right."""
+    mod = pt.define("def twice(float(N,M) x) -> (y) {\n  y(i,j) = 2 * x(i,j)\n}")
+    op = ptt.op(mod.twice)
+    x = torch.randn(300, 400, generator=torch.Generator().manual_seed(2))   # 480 KB
+    op(x)                                                 # compiles
+    first = op(x)
+    kept = first.data_ptr()
+    second = op(x + 1)
+    assert second.data_ptr() != kept
+    torch.testing.assert_close(first, 2 * x)
+    torch.testing.assert_close(second, 2 * (x + 1))
+    del first
+    third = op(x - 1)
+    assert third.data_ptr() == kept
+    torch.testing.assert_close(third, 2 * (x - 1))
+    torch.testing.assert_close(second, 2 * (x + 1))
