@@ -48,7 +48,6 @@ polytile.passes.gpu_rows); where it cannot, a row per work-item as above.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -57,7 +56,7 @@ from polytile.ir import nodes as N
 from polytile.ir import polyhedra
 from polytile.ir.rows import plain_leaf
 from polytile.passes.gpu_rows import row_group
-from polytile.passes.pipeline import count, register
+from polytile.passes.pipeline import between, count, register
 from polytile.passes.tile import substitute_local, tile
 from polytile.targets.target import Target
 
@@ -314,17 +313,7 @@ def gpu(fn: N.Function, target: Target, params: dict[str, Any]) -> N.Function:
     return replace(fn, body=replace(fn.body, stmts=stmts))
 
 
-def _between(lo: int, hi: int) -> Callable[[Any], str | None]:
-    """A parameter check: a count from lo to hi."""
-    def check(value: Any) -> str | None:
-        problem = count(value)
-        if problem or lo <= value <= hi:
-            return problem
-        return f"must be {lo}..{hi}, got {value}"
-    return check
-
-
-register("gpu", gpu, threads=_between(1, MAX_THREADS), dims=_between(1, MAX_DIMS),
-         tile_k=_between(0, MAX_TILE_K), shared_bytes=count, unroll=_between(1, MAX_UNROLL),
-         reduce=_between(0, MAX_THREADS), pad=_between(0, MAX_PAD),
-         rows=_between(0, MAX_THREADS))
+register("gpu", gpu, threads=between(1, MAX_THREADS), dims=between(1, MAX_DIMS),
+         tile_k=between(0, MAX_TILE_K), shared_bytes=count, unroll=between(1, MAX_UNROLL),
+         reduce=between(0, MAX_THREADS), pad=between(0, MAX_PAD),
+         rows=between(0, MAX_THREADS))

@@ -41,6 +41,16 @@ def count(value: Any) -> str | None:
     return None if ok else f"must be a non-negative integer, got {value!r}"
 
 
+def between(lo: int, hi: int) -> ParamCheck:
+    """A count from lo to hi."""
+    def check(value: Any) -> str | None:
+        problem = count(value)
+        if problem or lo <= value <= hi:
+            return problem
+        return f"must be {lo}..{hi}, got {value}"
+    return check
+
+
 def one_of(*choices: str) -> ParamCheck:
     def check(value: Any) -> str | None:
         return None if value in choices else (f"must be one of {', '.join(choices)}, "

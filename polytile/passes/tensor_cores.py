@@ -34,7 +34,7 @@ from polytile.errors import ArgumentError
 from polytile.ir import nodes as N
 from polytile.isa import WARP, Description, descriptions
 from polytile.isa.inspect import Mapping, mappings, output, uses
-from polytile.passes.pipeline import count, flag, register
+from polytile.passes.pipeline import between, flag, register
 from polytile.targets.target import Target
 
 DEFAULT_WARPS = 2      # per block, along M and along N
@@ -140,19 +140,6 @@ def _fits(block: N.Block, d: Description, m: Mapping) -> bool:
                for i in block.idxs if i.affine is None)
 
 
-def _warps(value: Any) -> str | None:
-    problem = count(value)
-    if problem or 1 <= value <= MAX_WARPS:
-        return problem
-    return f"must be 1..{MAX_WARPS}, got {value}"
-
-
-def _tiles(value: Any) -> str | None:
-    problem = count(value)
-    if problem or 1 <= value <= MAX_TILES:
-        return problem
-    return f"must be 1..{MAX_TILES}, got {value}"
-
-
-register("tensor_cores", tensor_cores, enabled=flag, warps_m=_warps, warps_n=_warps,
-         tiles_m=_tiles, tiles_n=_tiles)
+register("tensor_cores", tensor_cores, enabled=flag, warps_m=between(1, MAX_WARPS),
+         warps_n=between(1, MAX_WARPS), tiles_m=between(1, MAX_TILES),
+         tiles_n=between(1, MAX_TILES))

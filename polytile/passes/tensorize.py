@@ -1,12 +1,13 @@
 """tensorize: run contractions on a tensorized instruction of the target (UNIT §IV).
 
 For every top-level contraction, the inspector (polytile.isa.inspect) lists the
-mappings of each instruction the target has; this pass takes the first mapping of a
-lane-dot instruction (one lane loop, one reduction loop of its own: vpdpbusd, vdpbf16ps, and
+mappings of each instruction the target has; this pass takes a mapping of a lane-dot
+instruction (one lane loop, one reduction loop of its own: vpdpbusd, vdpbf16ps, and
 vpmaddwd, which has no accumulator operand: its result is added to the accumulator) that
-the lowering (polytile.loops.tensorize) can lay out; instructions that do more products
-per instruction come first (vpdpbusd's 32 or 64 before vpmaddwd's 16 or 32), so an AVX2
-host without AVX-VNNI runs a u8 x s8 matmul on vpmaddwd, its operands widened to int16:
+the lowering (polytile.loops.tensorize) can lay out, by default the first; instructions
+that do more products per instruction come first (vpdpbusd's 32 or 64 before vpmaddwd's
+16 or 32), so an AVX2 host without AVX-VNNI runs a u8 x s8 matmul on vpmaddwd, its
+operands widened to int16:
 
 * the output has one subscript that is the lane loop alone (where it is unit-stride an
   accumulator is stored whole; elsewhere, a convolution's NKHW, the lowering stages
@@ -50,7 +51,13 @@ values differ from the ones it was packed from (polytile.loops.tensorize.kept): 
 tensor used by many calls is packed once, as fbgemm's prepacked weights are, and is never
 stale.
 
-Parameters: `enabled` (default true), `keep` (default true: record `kept` where it holds).
+Parameters: `enabled` (default true), `keep` (default true: record `kept` where it holds),
+and UNIT's tuning space (§IV-B), genes of the tuner (polytile.tune.choices): `mapping`
+(default 0: which of the layable mappings, in the order above, the instructions' and
+their loops' choice; past the last, the last), `rows` and `chains` (the register tile,
+the inner loops unrolled; `rows` 0, the default: as many as the target's vector
+registers hold beside `chains` chunks, at most ROWS) and `parallel` (default true: the
+outermost other output loop runs in threads where the work pays for them; false: none).
 """
 from __future__ import annotations
 
@@ -64,7 +71,7 @@ from polytile.isa import Description, descriptions
 from polytile.isa.inspect import mappings, output, uses
 from polytile.passes.autotile import PARALLEL_MIN_WORK, work
 from polytile.passes.pack import unit_dim
-from polytile.passes.pipeline import flag, register
+from polytile.passes.pipeline import between, count, flag, register
 from polytile.targets.target import Target
 
 
@@ -82,9 +89,19 @@ def tensorize(fn: N.Function, target: Target, params: dict[str, Any]) -> N.Funct
     if not usable:
         return fn
     keep = params.get("keep", True)
-    stmts = tuple(_tensorized(s, usable, target, keepable(fn) if keep else frozenset())
+    chains = params.get("chains", CHAINS)
+    tile = N.Tensorized("", "", "", params.get("rows", 0) or default_rows(target, chains),
+                        chains)
+    choice = (params.get("mapping", 0), tile, params.get("parallel", True))
+    stmts = tuple(_tensorized(s, usable, choice, keepable(fn) if keep else frozenset())
                   if isinstance(s, N.Block) else s for s in fn.body.stmts)
     return replace(fn, body=replace(fn.body, stmts=stmts))
+
+
+def default_rows(target: Target, chains: int) -> int:
+    """Rows of the register tile: as many as the vector registers hold beside one
+    broadcast row and one instruction result, at most ROWS."""
+    return max(1, min(ROWS, (target.vector_registers - 2) // chains))
 
 
 def lane_dot(d: Description) -> bool:
@@ -122,11 +139,12 @@ def dense(dims: tuple[N.Dim, ...]) -> bool:
     return True
 
 
-def _tensorized(block: N.Block, usable: list[Description], target: Target,
-                keep: frozenset[str]) -> N.Block:
+def _tensorized(block: N.Block, usable: list[Description],
+                choice: tuple[int, N.Tensorized, bool], keep: frozenset[str]) -> N.Block:
     if not {"kernel", "contraction"} <= block.tags or block.constraints \
             or any(isinstance(s, N.Block) for s in block.stmts):
         return block
+    found = []
     for d in usable:
         for m in mappings(block, d.name, d.reduction):
             if len(m.loops) != 2:
@@ -135,13 +153,15 @@ def _tensorized(block: N.Block, usable: list[Description], target: Target,
             views = dict(m.operands)
             first, second = d.operands
             broadcast, packed = views[first], views[second]
-            if m.broadcast != (first,):
-                continue
-            if layable(block, lane, red, broadcast, packed):
-                rows = max(1, min(ROWS, (target.vector_registers - 2) // CHAINS))
-                kept = block.ref(packed).from_ in keep
-                return _record(block, N.Tensorized(d.name, lane, red, rows, CHAINS, kept))
-    return block
+            if m.broadcast == (first,) and layable(block, lane, red, broadcast, packed):
+                found.append((d.name, lane, red, packed))
+    if not found:
+        return block
+    mapping, tile, parallel = choice
+    name, lane, red, packed = found[min(mapping, len(found) - 1)]
+    kept = block.ref(packed).from_ in keep
+    return _record(block, replace(tile, instruction=name, lane=lane, reduction=red,
+                                  kept=kept), parallel)
 
 
 def layable(block: N.Block, lane: str, red: str, broadcast: str, packed: str) -> bool:
@@ -171,17 +191,18 @@ def _plain(ref: N.Refinement, indices: set[str]) -> bool:
                                and a.terms[0][1] == 1 and a.const == 0) for a in ref.access)
 
 
-def _record(block: N.Block, t: N.Tensorized) -> N.Block:
+def _record(block: N.Block, t: N.Tensorized, threads: bool) -> N.Block:
     out = output(block)
     written = uses(out) if out is not None else set()
     outer = [i.name for i in block.idxs if i.affine is None and i.name in written
              and i.name != t.lane and i.range > 1]
     parallel = None
-    if outer and work(block) >= PARALLEL_MIN_WORK \
+    if threads and outer and work(block) >= PARALLEL_MIN_WORK \
             and polyhedra.writes_disjoint(block, outer[0]):
         parallel = outer[0]
     tags = (block.tags - {"kernel", "contraction"}) | {"tensorized"}
     return replace(block, tags=tags, schedule=N.BlockSchedule(parallel=parallel, tensorize=t))
 
 
-register("tensorize", tensorize, enabled=flag, keep=flag)
+register("tensorize", tensorize, enabled=flag, keep=flag, mapping=count,
+         rows=between(0, 2 * ROWS), chains=between(1, 2 * CHAINS), parallel=flag)

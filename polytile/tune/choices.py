@@ -55,6 +55,13 @@ PIPELINE_CHOICES: dict[str, tuple[Any, ...]] = {
     "outlayout.enabled": (True, False),
     "pack.enabled": (True, False),
     "ptrinc.enabled": (True, False),
+    # UNIT §IV-B on a contraction run on an instruction: which layable mapping (the
+    # instruction and its loops), the register tile (the inner loops unrolled; rows 0:
+    # as many as the registers hold) and threads over the outer loop or none.
+    "tensorize.chains": (4, 2),
+    "tensorize.mapping": (0, 1, 2, 3),
+    "tensorize.parallel": (True, False),
+    "tensorize.rows": (0, 2, 3, 4, 6),
     # GPU targets (TC §6: block sizes, promotion on/off, mapped dimensions); the grid
     # follows from the work-group size and the extents.
     "gpu.threads": (64, 32, 128, 256),

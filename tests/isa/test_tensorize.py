@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import polytile as pt
+from polytile.api import Module
 from polytile.codegen.c import print_c
 from polytile.compile import Compiler
 from polytile.config import load_config
@@ -22,13 +23,16 @@ from polytile.ir import interp as ir_interp
 from polytile.ir.parser import parse_function
 from polytile.ir.printer import format_function
 from polytile.ir.verify import verify
+from polytile.lang.parser import parse
 from polytile.loops import interp
 from polytile.loops import nodes as L
 from polytile.loops.lower import lower
 from polytile.loops.text import kernel_text
+from polytile.passes.pipeline import check_pass_options
 from polytile.passes.tensorize import ROWS
+from polytile.sema.analyze import analyze
 from polytile.sema.specialize import specialize
-from polytile.targets.target import host_features, inspection_target, load_target
+from polytile.targets.target import host_features, inspection_target, load_target, select_target
 
 I8 = "def mm(uint8(M,K) A, int8(K,N) B) -> (C) {\n  C(m,n) +=! int32(A(m,k)) * int32(B(k,n))\n}"
 BF = ("def bmm(bfloat16(M,K) A, bfloat16(K,N) B) -> (C) {\n"
@@ -321,3 +325,71 @@ def test_threads_take_panels_of_rows_through_every_column_block() -> None:
     tensorized = [loop for loop in found if any(isinstance(s, L.Loop) and s.step == 256
                                                 for s in loop.body)]
     assert len(tensorized) == 1 and tensorized[0].step == 30
+
+
+# UNIT §IV-B: the tuner's genes of pass tensorize (polytile.tune.choices).
+SETTINGS = [{"tensorize.mapping": 1}, {"tensorize.rows": 4, "tensorize.chains": 2},
+            {"tensorize.rows": 2, "tensorize.parallel": False},
+            {"tensorize.mapping": 1, "tensorize.rows": 3, "tensorize.chains": 1}]
+
+
+def test_the_tuning_options_pick_the_mapping_the_register_tile_and_the_threads() -> None:
+    """The layable mappings in order, the widest instruction first (a mapping past the
+    last is the last); the register tile as given (rows 0: as many as the registers
+    hold beside the chains); threads over the outer loop or none."""
+    avx512 = inspection_target("cpu-avx512", frozenset())
+
+    def tile(options: dict):  # type: ignore[no-untyped-def]
+        fn = ir(I8, avx512, options, A=(512, 256), B=(256, 512))
+        (block,) = [s for s in fn.body.stmts if s.schedule.tensorize is not None]
+        return block.schedule.tensorize, block.schedule.parallel
+
+    (first, threads), (second, _) = tile({}), tile({"tensorize.mapping": 1})
+    assert (first.instruction, second.instruction) == ("vpdpbusd_512", "vpmaddwd_512")
+    assert (second.lane, second.reduction) == ("i1", "i2") and threads == "i0"
+    assert tile({"tensorize.mapping": 9})[0] == second
+    assert tile({"tensorize.rows": 3, "tensorize.chains": 2})[0] == replace(first, rows=3,
+                                                                          chains=2)
+    assert tile({"tensorize.chains": 2})[0].rows == ROWS
+    assert tile({"tensorize.parallel": False}) == (first, None)
+    conv = ir(CONV, avx512, {"tensorize.mapping": 1}, I=(1, 64, 16, 16), F=(64, 64, 3, 3))
+    assert [t.instruction for t in schedules(conv)] == ["vpmaddwd_512"]
+
+
+@pytest.mark.parametrize("bad", [{"tensorize.rows": -1}, {"tensorize.rows": 13},
+                                 {"tensorize.chains": 0}, {"tensorize.mapping": "x"},
+                                 {"tensorize.parallel": 1}])
+def test_tuning_options_from_outside_are_checked(bad: dict) -> None:
+    with pytest.raises(pt.ArgumentError, match="option tensorize"):
+        check_pass_options(bad, inspection_target("cpu-avx512", frozenset()))
+
+
+@pytest.mark.parametrize("options", SETTINGS)
+def test_every_tuning_setting_is_exact(options: dict) -> None:
+    """In the loop interpreter on cpu-avx512 and cpu-avx2 (the instructions' TC meaning,
+    on any host), and compiled for this host, on sizes that divide no tile."""
+    rng = np.random.default_rng(len(str(options)))
+    a = full_range(rng, np.uint8, (13, 70))
+    b = full_range(rng, np.int8, (70, 37))
+    x = full_range(rng, np.uint8, (1, 19, 9, 8))
+    w = full_range(rng, np.int8, (21, 19, 3, 2))
+    want_mm = a.astype(np.int64) @ b.astype(np.int64)
+    want_conv = np.zeros((1, 21, 7, 7), np.int64)
+    for r in range(3):
+        for s in range(2):
+            want_conv += np.einsum("nchw,kc->nkhw", x[:, :, r:r + 7, s:s + 7].astype(np.int64),
+                                   w[:, :, r, s].astype(np.int64))
+    cases = [(I8, {"A": a, "B": b}, want_mm), (CONV, {"I": x, "F": w}, want_conv)]
+    for target in (inspection_target("cpu-avx512", frozenset()), AVX2_ONLY):
+        for source, arrays, want in cases:
+            fn = ir(source, target, options, **{k: v.shape for k, v in arrays.items()})
+            assert schedules(fn)
+            data = {f"p{k}": v for k, v in enumerate(arrays.values())}
+            data["o0"] = np.zeros(want.shape, np.int32)
+            interp.run(fn, data, lower(fn))
+            np.testing.assert_array_equal(data["o0"], want.astype(np.int32))
+    for source, arrays, want in cases:
+        program = analyze(parse(source))
+        compiler = Compiler(load_config(), select_target(), options)
+        (fn,) = Module(source, program, "c", compiler)._functions.values()
+        np.testing.assert_array_equal(fn(*arrays.values()), want.astype(np.int32))

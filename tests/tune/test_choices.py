@@ -21,7 +21,7 @@ from polytile.sema import reference
 from polytile.sema.analyze import analyze
 from polytile.sema.canonical import canonical
 from polytile.sema.specialize import Specialized, specialize
-from polytile.targets.target import Target, load_target, select_target
+from polytile.targets.target import Target, inspection_target, load_target, select_target
 from polytile.tune.choices import PIPELINE_CHOICES, Programs, offered_choices, pipeline_choices
 from polytile.tune.options import Options
 from polytile.tune.space import Space, build_space
@@ -156,3 +156,23 @@ def test_every_row_group_setting_of_the_opencl_space_matches_the_reference(
         np.testing.assert_allclose(out, expected["Y"], rtol=1e-4, atol=1e-4,
                                    err_msg=options.text())
     assert len(built) == 2
+
+
+I8 = "def mm(uint8(M,K) A, int8(K,N) B) -> (C) {\n  C(m,n) +=! int32(A(m,k)) * int32(B(k,n))\n}"
+
+
+def test_unit_s_tuning_space_is_genes_of_a_tensorized_contraction_only() -> None:
+    """UNIT §IV-B: the mapping (vpdpbusd or vpmaddwd here), the register tile and the
+    threads, where pass tensorize takes the contraction; none of them for a float32
+    matmul. Rows 6 builds what rows 0 builds on AVX-512 (six rows fit)."""
+    target = inspection_target("cpu-avx512", frozenset())
+    spec = specialize(analyze(parse(I8)).functions[0], {"A": (64, 40), "B": (40, 48)}, {})
+    genes = _pipeline_genes(_space(spec, target))
+    assert {k: v for k, v in genes.items() if k.startswith("tensorize.")} == {
+        "tensorize.chains": (4, 2), "tensorize.mapping": (0, 1),
+        "tensorize.parallel": (True, False), "tensorize.rows": (0, 2, 3, 4)}
+    tmm = _pipeline_genes(_space(_spec(WORKLOADS["tmm 128x32x256"]), target))
+    assert not any(k.startswith("tensorize.") for k in tmm)
+    offered = {k: v for k, v in offered_choices(target, False).items()
+               if k.startswith("tensorize.")}
+    _check_covers_the_full_product(Programs(lower(canonical(spec)), target), offered)
