@@ -328,9 +328,11 @@ def test_threads_take_panels_of_rows_through_every_column_block() -> None:
 
 
 # UNIT §IV-B: the tuner's genes of pass tensorize (polytile.tune.choices).
-SETTINGS = [{"tensorize.mapping": 1}, {"tensorize.rows": 4, "tensorize.chains": 2},
-            {"tensorize.rows": 2, "tensorize.parallel": False},
-            {"tensorize.mapping": 1, "tensorize.rows": 3, "tensorize.chains": 1}]
+SETTINGS = [{"tensorize.rows": 4, "tensorize.chains": 2},
+            {"tensorize.mapping": 1, "tensorize.rows": 3, "tensorize.chains": 1},
+            pytest.param({"tensorize.mapping": 1}, marks=pytest.mark.slow),
+            pytest.param({"tensorize.rows": 2, "tensorize.parallel": False},
+                         marks=pytest.mark.slow)]
 
 
 def test_the_tuning_options_pick_the_mapping_the_register_tile_and_the_threads() -> None:
