@@ -61,7 +61,7 @@ outermost other output loop runs in threads where the work pays for them; false:
 """
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from polytile.errors import UnsupportedError
@@ -90,12 +90,22 @@ def tensorize(fn: N.Function, target: Target, params: dict[str, Any]) -> N.Funct
         return fn
     keep = params.get("keep", True)
     chains = params.get("chains", CHAINS)
-    tile = N.Tensorized("", "", "", params.get("rows", 0) or default_rows(target, chains),
-                        chains)
-    choice = (params.get("mapping", 0), tile, params.get("parallel", True))
+    choice = Choice(params.get("mapping", 0),
+                    params.get("rows", 0) or default_rows(target, chains), chains,
+                    params.get("parallel", True))
     stmts = tuple(_tensorized(s, usable, choice, keepable(fn) if keep else frozenset())
                   if isinstance(s, N.Block) else s for s in fn.body.stmts)
     return replace(fn, body=replace(fn.body, stmts=stmts))
+
+
+@dataclass(frozen=True)
+class Choice:
+    """UNIT's tuning space (§IV-B), as the pass's options give it."""
+
+    mapping: int        # which layable mapping (past the last: the last)
+    rows: int           # the register tile
+    chains: int
+    parallel: bool      # threads over the outer loop where the work pays for them
 
 
 def default_rows(target: Target, chains: int) -> int:
@@ -139,8 +149,8 @@ def dense(dims: tuple[N.Dim, ...]) -> bool:
     return True
 
 
-def _tensorized(block: N.Block, usable: list[Description],
-                choice: tuple[int, N.Tensorized, bool], keep: frozenset[str]) -> N.Block:
+def _tensorized(block: N.Block, usable: list[Description], choice: Choice,
+                keep: frozenset[str]) -> N.Block:
     if not {"kernel", "contraction"} <= block.tags or block.constraints \
             or any(isinstance(s, N.Block) for s in block.stmts):
         return block
@@ -157,11 +167,10 @@ def _tensorized(block: N.Block, usable: list[Description],
                 found.append((d.name, lane, red, packed))
     if not found:
         return block
-    mapping, tile, parallel = choice
-    name, lane, red, packed = found[min(mapping, len(found) - 1)]
+    name, lane, red, packed = found[min(choice.mapping, len(found) - 1)]
     kept = block.ref(packed).from_ in keep
-    return _record(block, replace(tile, instruction=name, lane=lane, reduction=red,
-                                  kept=kept), parallel)
+    return _record(block, N.Tensorized(name, lane, red, choice.rows, choice.chains, kept),
+                   choice.parallel)
 
 
 def layable(block: N.Block, lane: str, red: str, broadcast: str, packed: str) -> bool:
