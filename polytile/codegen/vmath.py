@@ -53,7 +53,7 @@ def vector_math(lanes: int, streams: bool = False) -> str:
                         "  if (n & 2) {\n    _mm_storel_pi((__m64 *)p, h);\n    p += 2;\n"
                         "    h = _mm_movehl_ps(h, h);\n  }\n"
                         "  if (n & 1) _mm_store_ss(p, h);\n  return;\n#endif")
-    scaled_exp = _SCALED_EXP if lanes == 16 else ""
+    scaled_exp = _SCALED_EXP + "\n" if lanes == 16 else ""
     stream = _streaming(lanes) if streams else ""
     fold = " ".join(_halve("v", lanes, width, "v = v op h;") for width in _halvings(lanes))
     fold_max = " ".join(_halve("v", lanes, w, "v = pt_vmax_nan(v, h);") for w in _halvings(lanes))
@@ -155,8 +155,7 @@ static inline pt_vf pt_vexp_reduced(pt_vf x, pt_vf *n_out) {{
   return p * r + 1.0f;
 }}
 static inline pt_vf pt_vexp(pt_vf x) {{
-{scaled_exp}
-  const pt_vf hi = pt_vsplat(88.72283935546875f), lo = pt_vsplat(-87.33654022216797f);
+{scaled_exp}  const pt_vf hi = pt_vsplat(88.72283935546875f), lo = pt_vsplat(-87.33654022216797f);
   pt_vi over = x > hi, under = x < lo;
   pt_vf n, p = pt_vexp_reduced(pt_vsel(over, hi, pt_vsel(under, lo, x)), &n);
   /* 2^n p by adding n to p's exponent field: p = e^r lies in [2^-1/2, 2^1/2], so at

@@ -89,13 +89,12 @@ static inline pt_vf pt_vfmax(pt_vf a, pt_vf b) {      /* C fmaxf: a NaN operand 
 static inline pt_vf pt_vfmin(pt_vf a, pt_vf b) {
   return pt_vsel((a < b) | (b != b), a, b);
 }
-static inline pt_vf pt_vexp(pt_vf x) {
-  const pt_vf hi = pt_vsplat(88.72283935546875f), lo = pt_vsplat(-87.33654022216797f);
-  pt_vi over = x > hi, under = x < lo;
-  pt_vf xc = pt_vsel(over, hi, pt_vsel(under, lo, x));
+/* e^x = 2^n p: n = x / ln2 rounded (an integer in a float), p = e^r for r = x - n ln2
+   (|r| <= ln2/2, ln2 in two parts), a degree-7 Taylor polynomial. */
+static inline pt_vf pt_vexp_reduced(pt_vf x, pt_vf *n_out) {
   pt_vf magic = pt_vsplat(12582912.0f);
-  pt_vf n = (xc * 1.4426950408889634f + magic) - magic;
-  pt_vf r = xc - n * 0.693359375f;
+  pt_vf n = (x * 1.4426950408889634f + magic) - magic;
+  pt_vf r = x - n * 0.693359375f;
   r = r + n * 2.12194440e-4f;
   pt_vf p = pt_vsplat(1.9841270e-4f);
   p = p * r + 1.3888889e-3f;
@@ -104,7 +103,13 @@ static inline pt_vf pt_vexp(pt_vf x) {
   p = p * r + 1.6666667e-1f;
   p = p * r + 0.5f;
   p = p * r + 1.0f;
-  p = p * r + 1.0f;
+  *n_out = n;
+  return p * r + 1.0f;
+}
+static inline pt_vf pt_vexp(pt_vf x) {
+  const pt_vf hi = pt_vsplat(88.72283935546875f), lo = pt_vsplat(-87.33654022216797f);
+  pt_vi over = x > hi, under = x < lo;
+  pt_vf n, p = pt_vexp_reduced(pt_vsel(over, hi, pt_vsel(under, lo, x)), &n);
   /* 2^n p by adding n to p's exponent field: p = e^r lies in [2^-1/2, 2^1/2], so at
      the top of the range (n = 128, r < 0) p < 1 and the sum stays finite, where a
      factor 2^n would not exist; at the bottom (n = -126, r >= 0) p >= 1. */
