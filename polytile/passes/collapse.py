@@ -54,6 +54,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from polytile.ir import nodes as N
+from polytile.passes.names import fresh_name
 from polytile.passes.pipeline import flag, register
 from polytile.targets.target import Target
 
@@ -276,7 +277,7 @@ def _apply(fn: N.Function, plan: _Plan) -> N.Function:
     def rewrite(block: N.Block, path: Path, outer: dict[str, tuple[int, int]]) -> N.Block:
         # outer: the parent's views of planned roots -> (dimension, row length)
         pair = pairs.get(path)
-        merged = _merged_name(block, pair) if pair else ""
+        merged = fresh_name(f"{pair[0]}_{pair[1]}", {i.name for i in block.idxs}) if pair else ""
         own: dict[str, tuple[int, int]] = {}
         refs = []
         for r in block.refs:
@@ -301,15 +302,6 @@ def _apply(fn: N.Function, plan: _Plan) -> N.Function:
         return replace(block, idxs=idxs, refs=tuple(refs), stmts=stmts)
 
     return replace(fn, body=rewrite(fn.body, (), {}))
-
-
-def _merged_name(block: N.Block, pair: tuple[str, str]) -> str:
-    taken = {i.name for i in block.idxs}
-    name, k = f"{pair[0]}_{pair[1]}", 0
-    while name in taken:
-        k += 1
-        name = f"{pair[0]}_{pair[1]}{k}"
-    return name
 
 
 def _merged_view(ref: N.Refinement, j: int, row: int, pair: tuple[str, str] | None,

@@ -41,6 +41,7 @@ from typing import Any
 from polytile import dtypes
 from polytile.ir import nodes as N
 from polytile.ir.lower import contiguous
+from polytile.passes.names import fresh_name
 from polytile.passes.pipeline import flag, register
 from polytile.passes.schedule import _is_parallel
 from polytile.targets.target import Target
@@ -63,7 +64,7 @@ def outlayout(fn: N.Function, target: Target, params: dict[str, Any]) -> N.Funct
         assert isinstance(init, N.Block) and isinstance(block, N.Block)
         out, d = found
         buffer = top[out.from_]
-        name = _fresh(f"{out.from_}_t", top)
+        name = fresh_name(f"{out.from_}_t", top)
         order = [j for j in range(len(buffer.shape.dims)) if j != d] + [d]
         copy = contiguous(buffer.shape.dtype, tuple(buffer.shape.dims[j].size for j in order))
         local = N.Refinement("none", "", name, tuple(N.Affine() for _ in order), copy)
@@ -146,14 +147,6 @@ def _transpose(name: str, local: N.Refinement, buffer: N.Refinement, order: list
     stmts = (N.Load("$x", local.into), N.Store(buffer.into, "$x"))
     return N.Block(name, idxs, (), (src, dst), stmts, frozenset({"kernel", "pack"}),
                    schedule=N.BlockSchedule(transpose=lanes))
-
-
-def _fresh(name: str, taken: dict[str, N.Refinement]) -> str:
-    k, fresh = 0, name
-    while fresh in taken:
-        k += 1
-        fresh = f"{name}{k}"
-    return fresh
 
 
 register("outlayout", outlayout, enabled=flag)

@@ -50,6 +50,7 @@ from polytile.analysis.overwrite import overwritten_first, touches
 from polytile.ir import nodes as N
 from polytile.ir.polyhedra import WRITE, Scope, element_vars, footprint, to_set
 from polytile.passes.fuse import row_dim, shrink_to_row
+from polytile.passes.names import fresh_name
 from polytile.passes.pipeline import flag, register
 from polytile.targets.target import Target
 
@@ -169,13 +170,9 @@ def _last_covers(fused: N.Block, name: str, last: int) -> bool:
 
 
 def _fresh(block: N.Block, stem: str) -> str:
-    taken = {r.into for r in block.refs} | {r.into for s in block.stmts
-                                            if isinstance(s, N.Block) for r in s.refs}
-    name, k = stem, 0
-    while name in taken:
-        k += 1
-        name = f"{stem}{k}"
-    return name
+    """A view name free in `block` and in its child blocks."""
+    return fresh_name(stem, {r.into for r in block.refs} | {
+        r.into for s in block.stmts if isinstance(s, N.Block) for r in s.refs})
 
 
 def _moved(s: N.Statement, name: str, local: str) -> N.Statement:

@@ -165,6 +165,8 @@ def _tensorized(block: N.Block, usable: list[Description], choice: Choice,
             broadcast, packed = views[first], views[second]
             if m.broadcast == (first,) and layable(block, lane, red, broadcast, packed):
                 found.append((d.name, lane, red, packed))
+        if len(found) > choice.mapping:
+            break                   # the wanted one is found: the others are not needed
     if not found:
         return block
     name, lane, red, packed = found[min(choice.mapping, len(found) - 1)]
