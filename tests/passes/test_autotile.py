@@ -10,6 +10,7 @@ from polytile.ir import nodes as N
 from polytile.passes import autotile as autotile_module
 from polytile.passes.autotile import autotile, choose_schedule
 from polytile.passes.fuse import fuse
+from polytile.passes.ptrinc import ptrinc
 
 from .helpers import block, check_pass, lowered, target
 
@@ -29,6 +30,9 @@ PROGRAMS: dict[str, tuple[str, Shapes, dict[str, int]]] = {
                {"LUT": (11, 37), "I": (7, 3)}, {"I": 11}),
     "rowmax": ("def rowmax(float(M,N) X) -> (Y) {\n  Y(i) max=! X(i,j)\n}\n",
                {"X": (19, 45)}, {}),
+    "gconv": (("def gconv(float(N,G,C,H,W) I, float(G,F,C,KH,KW) W1) -> (O) {\n"
+               "  O(n,g,o,h,w) +=! I(n,g,i,h + kh,w + kw) * W1(g,o,i,kh,kw)\n}\n"),
+              {"I": (2, 3, 4, 9, 8), "W1": (3, 5, 4, 3, 3)}, {}),
 }
 
 
@@ -59,6 +63,22 @@ def test_vector_width_follows_the_target(target_name: str) -> None:
     lanes = target(target_name).vector_bytes // 4
     assert schedule.vector == "n" and schedule.lanes == lanes
     assert dict(schedule.unroll).get("m", 1) > 1          # A's loads reused across n
+
+
+def test_a_group_index_is_tiled_by_one_and_a_reduction_that_fits_is_not_split() -> None:
+    """gconv: every view reads the group index g, so no two groups share data and g's
+    tile is one group; one register tile's inputs over the whole (c, kh, kw) reduction
+    (144 steps through pass ptrinc's table) fit the reduction stream, so it is not cut
+    into chunks, while a 2304-step one is."""
+    avx512 = target("cpu-avx512")
+    source, _, _ = PROGRAMS["gconv"]
+    shapes = {"I": (4, 6, 16, 14, 14), "W1": (6, 16, 16, 3, 3)}
+    kernel = block(ptrinc(lowered(source, shapes), avx512, {}), "s0")
+    tiles = dict(choose_schedule(kernel, avx512).tiles)
+    assert tiles.get("g") == 1 and "i_kh_kw" not in tiles
+    wide = {"I": (4, 2, 256, 14, 14), "W1": (2, 16, 256, 3, 3)}
+    kernel = block(ptrinc(lowered(source, wide), avx512, {}), "s0")
+    assert dict(choose_schedule(kernel, avx512).tiles).get("i_kh_kw", 2304) < 2304
 
 
 def test_tmm_vectorizes_the_reduction_and_gathers_do_not_vectorize_the_index() -> None:
