@@ -206,9 +206,8 @@ def row_groups(body: list[N.Statement], target: Target,
             groups.append([s])
             continue
         assert last is not None
-        if (isinstance(s, N.Block) and _fusible(s, budget)
-                and _row_index(s).range == rows  # type: ignore[union-attr]
-                and all(_conflict_free(m, s) for m in last)):  # type: ignore[arg-type]
+        if (isinstance(s, N.Block) and _joins(s, last, rows, budget)
+                and not _init_left_behind(s, body, last, rows, budget)):
             last.append(s)
             continue
         column = _joining_column(s, body, last, rows, target.cache_size("L1") // 4)
@@ -221,6 +220,26 @@ def row_groups(body: list[N.Statement], target: Target,
             continue
         groups.append([s])
     return groups
+
+
+def _joins(s: N.Block, group: list[N.Statement], rows: int, budget: float) -> bool:
+    """Whether `s` may join the row loop `group` of `rows` rows."""
+    return (_fusible(s, budget) and _row_index(s).range == rows  # type: ignore[union-attr]
+            and all(_conflict_free(m, s) for m in group))  # type: ignore[arg-type]
+
+
+def _init_left_behind(s: N.Block, rest: list[N.Statement], group: list[N.Statement],
+                      rows: int, budget: float) -> bool:
+    """Whether `s` clears the output of the statement after it, which does not join the
+    row loop: the init then stays beside its contraction, whose first writes can make
+    it (pass fold) instead of a pass that zeroes the output and one that reads it back
+    (a gradient's d_I(b, m) +=! d_O(b, n) * W(n, m) after an elementwise row loop)."""
+    if "init" not in s.tags or not rest or not isinstance(rest[0], N.Block):
+        return False
+    after = rest[0]
+    if not {r.from_ for r in s.refs} & {r.from_ for r in after.refs if r.dir != "in"}:
+        return False
+    return not _joins(after, [*group, s], rows, budget)
 
 
 def _assemble(fn: N.Function, groups: list[list[N.Statement]]) -> N.Function:

@@ -150,6 +150,24 @@ def test_weights_shared_by_every_row_keep_their_own_loop_nest() -> None:
     assert not any("fused" in b.tags for b in top_blocks(after))
 
 
+def test_an_init_stays_beside_a_contraction_that_keeps_its_own_loop_nest() -> None:
+    """A gradient's row loop (d_H) is followed by the init of d_X and its contraction,
+    whose weights exceed the L1 budget: the init does not join the row loop (it shares
+    nothing with it), so pass fold can make it the contraction's first writes."""
+    grad = """
+def g(float(B,N) H, float(B,N) dY, float(N,M) W) -> (dX) {
+  dH(b,n) = H(b,n) > 0 ? dY(b,n) : 0
+  dX(b,m) +=! dH(b,n) * W(n,m)
+}
+"""
+    before = lowered(grad, {"H": (3, 128), "dY": (3, 128), "W": (128, 96)})
+    after = fuse(before, GENERIC, {})
+    assert [b.name for b in top_blocks(after)] == ["s0", "s1_init", "s1"]
+    small = lowered(grad, {"H": (3, 8), "dY": (3, 8), "W": (8, 9)})     # W fits: all fuse
+    (fused,) = top_blocks(fuse(small, GENERIC, {}))
+    assert [m.name for m in fused.stmts if isinstance(m, N.Block)] == ["s0", "s1_init", "s1"]
+
+
 def test_strategy_max_fuses_the_contraction_too() -> None:
     """max fusion ignores the L1 budget: init, contraction and relu become one row loop."""
     before = lowered(MMRELU, {"A": (3, 130), "B": (130, 97)})
