@@ -55,6 +55,12 @@ PREFETCH_DISTANCE = 8             # and, from a table bigger than L2, prefetched
 # variants, AMD EPYC host): half rows 0.046 ms, whole rows 0.031 ms with prefetch; no
 # prefetch 0.050 ms, 4 ahead 0.030, 8 ahead 0.029, 16 ahead 0.035.
 
+VECTOR_LOAD_WEIGHT = 1.5         # a vector load of a GEMM's panel streams 64 bytes through the
+# caches (from L2 once the panel outgrows L1); a broadcast reads 4 bytes of a row whose
+# line serves 16 steps. Of MLP1's gradient's 128x128 by 128x2000 GEMMs, 4x3 register tiles
+# (4 broadcasts, 6 vector loads a step) ran 1.37-1.41 ms, 6x2 (6 and 4) 1.16-1.18 ms
+# (Xeon, two threads, time_blocks); with equal weights the 4x3 tile, whose 63 panels
+# divide by 3, scored higher.
 PANEL_THREADS_MARGIN = 1.1        # a kernel reading packed panels runs its threads over
 # them, each thread reading only the panels its own thread packed (the pack copy's
 # threads split the panels the same way, in contiguous halves), unless the cost model
@@ -326,14 +332,17 @@ def _register_tile(picks: list[str], loops: dict[str, int], vectors: int,
                    registers: int, loaded: list[bool], total: int) -> list[tuple[str, int]]:
     """Factors (f0, f1) of two unrolled indices: f0*f1*vectors accumulators within the
     registers, maximizing multiply-adds per load (f0 broadcasts and f1*vectors vector
-    loads feed f0*f1*vectors FMAs) times the share of the tiles' lanes that do work
-    (a factor that does not divide its range leaves a partial tile). The accumulators,
+    loads feed f0*f1*vectors FMAs; in an outer product, where the first index's copies
+    are broadcasts and the second's vector loads of a panel, a vector load weighs
+    VECTOR_LOAD_WEIGHT broadcasts) times the share of the tiles'
+    lanes that do work (a factor that does not divide its range leaves a partial tile). The accumulators,
     the second index's loaded vectors (`loaded`: per pick), held through a step, and
     the first index's operand must fit the `total` registers: AVX2's 16 take 4x3
     (12 + 3 + 1), not 3x4 (12 + 4 + 1, which spills or reloads every vector)."""
     def score(f0: int, f1: int) -> float:
         used = math.prod(loops[n] / (-(-loops[n] // f) * f) for n, f in zip(picks, (f0, f1)))
-        return f0 * f1 * vectors / (f0 + f1 * vectors) * used
+        weight = VECTOR_LOAD_WEIGHT if loaded == [False, True] else 1.0
+        return f0 * f1 * vectors / (f0 + weight * f1 * vectors) * used
 
     def live(f0: int, f1: int) -> int:
         # The inner index's loaded vectors are held through the step; the outer

@@ -10,6 +10,7 @@ from polytile.ir import nodes as N
 from polytile.passes import autotile as autotile_module
 from polytile.passes.autotile import autotile, choose_schedule
 from polytile.passes.fuse import fuse
+from polytile.passes.pack import pack
 from polytile.passes.ptrinc import ptrinc
 
 from .helpers import block, check_pass, lowered, target
@@ -79,6 +80,18 @@ def test_a_group_index_is_tiled_by_one_and_a_reduction_that_fits_is_not_split() 
     wide = {"I": (4, 2, 256, 14, 14), "W1": (2, 16, 256, 3, 3)}
     kernel = block(ptrinc(lowered(source, wide), avx512, {}), "s0")
     assert dict(choose_schedule(kernel, avx512).tiles).get("i_kh_kw", 2304) < 2304
+
+
+def test_an_outer_product_weighs_vector_loads_above_broadcasts() -> None:
+    """MLP1's gradient d_I = d_O (128x128) by W (128x2000), its W packed into 63 panels
+    of 32: 4 broadcasts by 3 panels (6 vector loads a step) divides both ranges, but 6
+    broadcasts by 2 panels (4 vector loads) streams a third less of the panels through
+    the caches, and ran 1.19x faster (the weight's comment)."""
+    source = "def g(float(B,N) D, float(N,M) W) -> (X) {\n  X(b,m) +=! D(b,n) * W(n,m)\n}\n"
+    avx512 = target("cpu-avx512")
+    packed = pack(lowered(source, {"D": (128, 128), "W": (128, 2000)}), avx512, {})
+    kernel = next(s for s in packed.body.stmts if isinstance(s, N.Block) and s.name == "s0")
+    assert dict(choose_schedule(kernel, avx512).unroll) == {"b": 6, "m_o": 2}
 
 
 def test_tmm_vectorizes_the_reduction_and_gathers_do_not_vectorize_the_index() -> None:
