@@ -16,7 +16,8 @@ Strategies (TC §6.2 names max, preserve-parallelism and min):
           weights, shared by every row, exceed half of L1 keeps its own tiled loop nest;
           nor be a column reduction (its row index walks an input's unit-stride
           dimension while it reduces over another): fused, every row would read a
-          strided column; alone, the row index is its vector index
+          strided column; alone, the row index is its vector index. An init whose
+          contraction does not join stays beside it (pass fold makes it its first writes)
     max   every kernel whose rows are independent fuses, such a contraction included
           (it gives up its cache tiles for the row loop)
     none  no fusion
