@@ -334,8 +334,8 @@ def _register_tile(picks: list[str], loops: dict[str, int], vectors: int,
     registers, maximizing multiply-adds per load (f0 broadcasts and f1*vectors vector
     loads feed f0*f1*vectors FMAs; in an outer product, where the first index's copies
     are broadcasts and the second's vector loads of a panel, a vector load weighs
-    VECTOR_LOAD_WEIGHT broadcasts) times the share of the tiles'
-    lanes that do work (a factor that does not divide its range leaves a partial tile). The accumulators,
+    VECTOR_LOAD_WEIGHT broadcasts) times the share of the tiles' lanes that do work (a
+    factor that does not divide its range leaves a partial tile). The accumulators,
     the second index's loaded vectors (`loaded`: per pick), held through a step, and
     the first index's operand must fit the `total` registers: AVX2's 16 take 4x3
     (12 + 3 + 1), not 3x4 (12 + 4 + 1, which spills or reloads every vector)."""
@@ -386,9 +386,9 @@ def _cache_tiles(block: N.Block, loops: dict[str, int], parallel: list[str],
         return sorted({v for v in values if v <= min(loops[n], cap)})
 
     # A parallel index that every view reads (a group or batch index) shares no data
-    # between its values: a tile of one keeps the register tiles of one group together
-    # over that group's data in L1 (gconv: 32 groups of a 12.5 KiB image and 9 KiB of
-    # weights; a tile of 16 groups cycled 350 KiB through L1 per register tile).
+    # between its values: with a tile of one, one group's weights serve all its register
+    # tiles from L1 (gconv: 9 KiB a group; a tile of 16 groups cycled 16 groups' weights
+    # and images through L1 per register tile).
     batch = _batch_indices(block, parallel, reductions, unroll, vector)
     tile = {n: 1 if n in batch else loops[n] for n in loops}
     if reductions:
