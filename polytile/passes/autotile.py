@@ -339,9 +339,10 @@ def _register_tile(picks: list[str], loops: dict[str, int], vectors: int,
     the second index's loaded vectors (`loaded`: per pick), held through a step, and
     the first index's operand must fit the `total` registers: AVX2's 16 take 4x3
     (12 + 3 + 1), not 3x4 (12 + 4 + 1, which spills or reloads every vector)."""
+    weight = VECTOR_LOAD_WEIGHT if loaded == [False, True] else 1.0
+
     def score(f0: int, f1: int) -> float:
         used = math.prod(loops[n] / (-(-loops[n] // f) * f) for n, f in zip(picks, (f0, f1)))
-        weight = VECTOR_LOAD_WEIGHT if loaded == [False, True] else 1.0
         return f0 * f1 * vectors / (f0 + weight * f1 * vectors) * used
 
     def live(f0: int, f1: int) -> int:
@@ -398,12 +399,10 @@ def _cache_tiles(block: N.Block, loops: dict[str, int], parallel: list[str],
         k = max((n for n in reductions if n != vector), key=lambda n: loops[n], default=None)
         if k is not None:
             stream = int(target.cache_size("L1") * target.reduction_stream)
-            extents = {**unroll, k: loops[k]}
-            if vector is not None:
-                extents[vector] = vector_tile
-            if _footprint(block, extents, line, inputs_only=True)[1] * line > stream:
-                per_step = _bytes_per_reduction_step(block, k, unroll, vector, vector_tile,
-                                                     line)
+            register = {**unroll, **({vector: vector_tile} if vector is not None else {})}
+            whole = _footprint(block, {**register, k: loops[k]}, line, inputs_only=True)
+            if whole[1] * line > stream:
+                per_step = _bytes_per_reduction_step(block, k, register, vector, line)
                 kc = 1 << max(4, int(math.log2(max(1, stream // per_step))))
                 if kc < loops[k]:
                     tile[k] = kc
@@ -481,16 +480,14 @@ def _imbalance(tile: dict[str, int], loops: dict[str, int], parallel: list[str],
     return busiest / (loops[n] / cores)
 
 
-def _bytes_per_reduction_step(block: N.Block, k: str, unroll: dict[str, int],
-                              vector: str | None, vector_tile: int, line: int) -> int:
-    """Bytes of input one step of reduction index k reads in one register tile. A view
+def _bytes_per_reduction_step(block: N.Block, k: str, extents: dict[str, int],
+                              vector: str | None, line: int) -> int:
+    """Bytes of input one step of reduction index k reads in one register tile (its
+    `extents`: the unrolled indices' and the vector index's). A view
     read through pointer increments from a table (pass ptrinc: a convolution's image,
     whose steps jump between channels and rows) reads whole new cache lines at a step,
     one or more per row of the tile; a view whose increment is k itself (the weights'
     contiguous reduction) reads its elements, as an affine view does."""
-    extents = dict(unroll)
-    if vector is not None:
-        extents[vector] = vector_tile
     deps = scalar_indices(block)
     indexed = {s.into for s in block.stmts if isinstance(s, N.LoadIndex)}
     stepped = {s.ref: s.offset not in indexed for s in block.stmts

@@ -207,10 +207,18 @@ def row_groups(body: list[N.Statement], target: Target,
             groups.append([s])
             continue
         assert last is not None
-        if (isinstance(s, N.Block) and _joins(s, last, rows, budget)
-                and not _init_left_behind(s, body, last, rows, budget)):
-            last.append(s)
-            continue
+        if isinstance(s, N.Block) and _joins(s, last, rows, budget):
+            writer = _cleared_for(s, body)
+            if writer is None:
+                last.append(s)
+                continue
+            # An init joins together with the statement it clears for, or not at all:
+            # left in the row loop alone, it would keep pass fold from making it that
+            # contraction's first writes (a gradient's d_I(b, m) +=! d_O(b, n) * W(n, m)
+            # after an elementwise row loop: 1 MB zeroed, then read back).
+            if _joins(writer, [*last, s], rows, budget):
+                last += [s, body.pop(0)]
+                continue
         column = _joining_column(s, body, last, rows, target.cache_size("L1") // 4)
         if column is not None:
             init, member = column
@@ -229,18 +237,13 @@ def _joins(s: N.Block, group: list[N.Statement], rows: int, budget: float) -> bo
             and all(_conflict_free(m, s) for m in group))  # type: ignore[arg-type]
 
 
-def _init_left_behind(s: N.Block, rest: list[N.Statement], group: list[N.Statement],
-                      rows: int, budget: float) -> bool:
-    """Whether `s` clears the output of the statement after it, which does not join the
-    row loop: the init then stays beside its contraction, whose first writes can make
-    it (pass fold) instead of a pass that zeroes the output and one that reads it back
-    (a gradient's d_I(b, m) +=! d_O(b, n) * W(n, m) after an elementwise row loop)."""
+def _cleared_for(s: N.Block, rest: list[N.Statement]) -> N.Block | None:
+    """The statement after `s` when `s` is an init that clears what it writes."""
     if "init" not in s.tags or not rest or not isinstance(rest[0], N.Block):
-        return False
+        return None
     after = rest[0]
-    if not {r.from_ for r in s.refs} & {r.from_ for r in after.refs if r.dir != "in"}:
-        return False
-    return not _joins(after, [*group, s], rows, budget)
+    cleared = {r.from_ for r in s.refs}
+    return after if cleared & {r.from_ for r in after.refs if r.dir != "in"} else None
 
 
 def _assemble(fn: N.Function, groups: list[list[N.Statement]]) -> N.Function:
