@@ -9,7 +9,8 @@ alternately on the same random inputs, so machine noise (another process, the cl
 hits both alike, which separate `polytile bench` runs on a shared host do not. Prints the
 median and minimum per side and whether the outputs agree. A side given as a `.c` file
 (the output of `polytile show --stage c`, edited by hand) is used as it is. Float32 outputs; integer
-inputs (gather indices) are drawn in [0, --int-high); the first function of the file.
+inputs (gather indices) are drawn in [0, --int-high), scalar arguments taken from --sizes
+(1 where not given); the first function of the file.
 `--out-offset B` places the outputs B bytes past a 64-byte boundary (0: as polytile's
 output pool does; NumPy's own large arrays lie 16 bytes past one), which decides where
 streaming stores apply.
@@ -77,11 +78,13 @@ def main() -> int:
         raise SystemExit(f"{args.tc} defines no function")
     fn = pt.define(source, backend="interp")[name.group(1)].fn
     sizes = {k: int(v) for k, v in (p.split("=") for p in args.sizes.split(","))}
+    scalars = {t.name: sizes.get(t.name, 1) for t in fn.params if t.kind == "scalar"}
     spec = specialize(fn, {t.name: tuple(d.evaluate(sizes) for d in t.shape)
-                           for t in fn.params}, {})
-    shapes = [spec.shape(t.name) for t in fn.params + fn.outputs]
+                           for t in fn.params if t.kind != "scalar"}, scalars)
+    shapes = [() if t.kind == "scalar" else spec.shape(t.name) for t in fn.params + fn.outputs]
     rng = np.random.default_rng(0)
-    inputs = [rng.integers(0, args.int_high, s).astype(t.dtype.numpy) if t.dtype.is_integral
+    inputs = [np.array(scalars[t.name], t.dtype.numpy) if t.kind == "scalar"
+              else rng.integers(0, args.int_high, s).astype(t.dtype.numpy) if t.dtype.is_integral
               else rng.standard_normal(s).astype(t.dtype.numpy)
               for t, s in zip(fn.params, shapes)]
 

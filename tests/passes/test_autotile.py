@@ -13,7 +13,7 @@ from polytile.passes.fuse import fuse
 from polytile.passes.pack import pack
 from polytile.passes.ptrinc import ptrinc
 
-from .helpers import block, check_pass, lowered, target
+from .helpers import assert_same_meaning, block, check_pass, lowered, target
 
 TARGETS = ("cpu-avx512", "cpu-generic")
 
@@ -92,6 +92,28 @@ def test_an_outer_product_weighs_vector_loads_above_broadcasts() -> None:
     packed = pack(lowered(source, {"D": (128, 128), "W": (128, 2000)}), avx512, {})
     kernel = next(s for s in packed.body.stmts if isinstance(s, N.Block) and s.name == "s0")
     assert dict(choose_schedule(kernel, avx512).unroll) == {"b": 6, "m_o": 2}
+
+
+@pytest.mark.parametrize("target_name", TARGETS)
+def test_a_streaming_elementwise_block_sweeps_single_rows(
+        target_name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Bias + activation over views bigger than L2, each contiguous along the vector
+    index: cache tiles of one row, swept whole (a tile of rows split every row into
+    register-tile pieces). Sizes that fill no vector tile evenly; the same results.
+    Views that fit in L2, or one read across its rows (a transpose), keep the tiles the
+    footprint model chooses."""
+    t = target(target_name)
+    source, _, _ = PROGRAMS["elementwise"]
+    before = lowered(source, {"X": (301, 1001), "b": (1001,)})
+    after = autotile(before, t, {})
+    assert dict(choose_schedule(block(before, "s0"), t).tiles) == {"i": 1}
+    assert_same_meaning(before, after)
+    transpose = "def tr(float(N,M) X, float(N) b) -> (Y) {\n  Y(i,j) = X(j,i) + b(j)\n}\n"
+    kept = [block(lowered(source, {"X": (16, 1001), "b": (1001,)}), "s0"),
+            block(lowered(transpose, {"X": (1001, 301), "b": (1001,)}), "s0")]
+    chosen = [choose_schedule(kernel, t) for kernel in kept]
+    monkeypatch.setattr(autotile_module, "_streams", lambda *args: False)
+    assert chosen == [choose_schedule(kernel, t) for kernel in kept]
 
 
 def test_tmm_vectorizes_the_reduction_and_gathers_do_not_vectorize_the_index() -> None:
