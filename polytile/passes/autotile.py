@@ -166,7 +166,9 @@ def _footprint(block: N.Block, tile: dict[str, int], line: int,
     return total_bytes, total_lines
 
 
-def choose_schedule(block: N.Block, target: Target) -> Schedule:
+def choose_schedule(block: N.Block, target: Target, member: bool = False) -> Schedule:
+    """The block's schedule; a `member` of a fused row block runs inside the row's
+    (threaded) loop: no threads of its own, and cache tiles only to sweep rows."""
     loops = {i.name: i.range for i in block.idxs if i.affine is None}
     out = next((r for r in block.refs if r.dir in ("out", "inout")), None)
     if out is None or not loops:
@@ -203,9 +205,9 @@ def choose_schedule(block: N.Block, target: Target) -> Schedule:
         elif picks:
             unroll = [(picks[0], min(loops[picks[0]], budget, 12 if vectors == 2 else 8))]
     # An OpenMP region costs microseconds: not worth it for tiny kernels.
-    threaded = work(block) >= PARALLEL_MIN_WORK
+    threaded = work(block) >= PARALLEL_MIN_WORK and not member
     tiles, order = _cache_tiles(block, loops, parallel, reductions, dict(unroll), vector,
-                                lanes * vectors, target, _cores() if threaded else 1)
+                                lanes * vectors, target, _cores() if threaded else 1, member)
     # The span of the rows a gathered dimension reaches (the view is one element wide
     # along the others).
     tables = sum(block.ref(v).shape.dims[d].size * block.ref(v).shape.dims[d].stride
@@ -360,14 +362,16 @@ def _register_tile(picks: list[str], loops: dict[str, int], vectors: int,
 
 def _cache_tiles(block: N.Block, loops: dict[str, int], parallel: list[str],
                  reductions: list[str], unroll: dict[str, int], vector: str | None,
-                 vector_tile: int, target: Target,
-                 cores: int) -> tuple[dict[str, int], tuple[str, ...]]:
+                 vector_tile: int, target: Target, cores: int,
+                 member: bool = False) -> tuple[dict[str, int], tuple[str, ...]]:
     """(tile sizes, order): coordinate descent over tile sizes minimizing lines/MAC under
     the L2 budget, times the load imbalance of the threaded tile loop (`cores` threads),
     keeping at least two outer tiles per core when the problem allows it. A kernel
     reading packed panels (pass pack) runs its threads over the panels, the order
     `(panel index,)`, unless that costs more than PANEL_THREADS_MARGIN times the
-    threads over its rows or leaves a thread more than that over an even share."""
+    threads over its rows or leaves a thread more than that over an even share. A block
+    that streams (`_streams`) takes single rows instead; a `member` of a fused row
+    block takes no other tiles."""
     budget = target.cache_size("L2") // 2
     line = target.cache_line_bytes
 
@@ -392,6 +396,8 @@ def _cache_tiles(block: N.Block, loops: dict[str, int], parallel: list[str],
             and loops[vector] > vector_tile
             and _footprint(block, loops, line)[0] > target.cache_size("L2")):
         return rows, ()
+    if member:
+        return {}, ()
     # A parallel index that every view reads (a group or batch index) shares no data
     # between its values: with a tile of one, one group's weights serve all its register
     # tiles from L1 (gconv: 9 KiB a group; a tile of 16 groups cycled 16 groups' weights
@@ -597,8 +603,7 @@ def _schedule_fused(block: N.Block, target: Target, given: dict[str, Schedule]) 
     for m in block.stmts:
         if _is_leaf_kernel(m):
             assert isinstance(m, N.Block)
-            schedule = given.get(m.name) or replace(choose_schedule(m, target), tiles=(),
-                                                     parallel=False)
+            schedule = given.get(m.name) or choose_schedule(m, target, member=True)
             member_work += work(m)
             m = apply_schedule(m, schedule, block)
         members.append(m)

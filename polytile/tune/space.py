@@ -277,8 +277,7 @@ def kernel_blocks(fn: N.Function, target: Target) -> list[KernelBlock]:
     without autotile: a GPU target's decisions are all pipeline choices)."""
     if "autotile" not in {name for name, _ in target.passes}:
         return []
-    return [KernelBlock(b, member, replace(choose_schedule(b, target), tiles=(), parallel=False)
-                        if member else choose_schedule(b, target))
+    return [KernelBlock(b, member, choose_schedule(b, target, member))
             for s in fn.body.stmts for b, member in scheduled_blocks(s)]
 
 

@@ -116,6 +116,22 @@ def test_a_streaming_elementwise_block_sweeps_single_rows(
     assert chosen == [choose_schedule(kernel, t) for kernel in kept]
 
 
+def test_a_streaming_member_of_a_fused_row_sweeps_single_rows() -> None:
+    """Group norm's normalization inside the fused loop over images: each image's rows
+    (300 of them here, 2.4 MB with the output) are swept one at a time, where the
+    member took no tiles and ran each register tile across all of them."""
+    t = target("cpu-avx512")
+    source = ("def center(float(N,G,D) X) -> (Y) {\n  m(n) +=! X(n,g,d)\n"
+              "  Y(n,g,d) = X(n,g,d) - m(n) / (G * D)\n}\n")
+    before = fuse(lowered(source, {"X": (2, 300, 1001)}), t, {})
+    after = autotile(before, t, {})
+    (fused,) = [s for s in after.body.stmts if isinstance(s, N.Block)]
+    assert "fused" in fused.tags
+    sweep = [leaf for leaf in leaves(fused) if any(r.into == "Y" for r in leaf.refs)]
+    assert [leaf.idxs[:2] for leaf in sweep] == [(N.Index("g", 1), N.Index("d", 32))]
+    assert_same_meaning(before, after, seeds=(0,))
+
+
 def test_tmm_vectorizes_the_reduction_and_gathers_do_not_vectorize_the_index() -> None:
     generic = target("cpu-generic")
     source, shapes, _ = PROGRAMS["tmm"]
