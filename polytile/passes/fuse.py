@@ -34,6 +34,14 @@ The statement that clears the result moves in front of the row loop.
     block s1 [i0:D, i1:N] (out o1[i0]:add)          block s0 [i0 = r, i1:D]
                                                     block s1 [i1 = r, i0:D] (out o1[i0]:add)
 
+An elementwise statement whose later index runs over the loop's rows joins it over that
+index (a side member), where it reads what the loop touches, each row of it takes at
+most half of L2 and is runs of elements (the index steps no view along its unit stride
+that also moves along another): batchnorm's normalization Y(n, c, h, w) joins the loop
+over channels that computes their mean and scale, reading each channel's images a third
+time from the caches instead of memory (64x256x28x28, two threads, Xeon: with autotile's
+sweep of its rows, 8.3 -> 6.7-7.3 ms).
+
 Both "rows" and "max" keep the fused loop parallel; fusing across a dependence between
 rows (which would serialize it) is not built.
 
@@ -227,6 +235,10 @@ def row_groups(body: list[N.Statement], target: Target,
                 groups.insert(len(groups) - 1, [init])
             last.append(member)
             continue
+        side = _side_member(s, last, rows, budget, target.cache_size("L2") // 2)
+        if side is not None:
+            last.append(side)
+            continue
         groups.append([s])
     return groups
 
@@ -256,6 +268,43 @@ def _assemble(fn: N.Function, groups: list[list[N.Statement]]) -> N.Function:
         stmts.append(_fused(f"fused_{k}", group, fn.body))  # type: ignore[arg-type]
     body = replace(fn.body, stmts=tuple(stmts))
     return replace(fn, body=_localize(body, temps))
+
+
+def _side_member(s: N.Statement, group: list[N.Statement], rows: int, budget: float,
+                 cached: int) -> N.Block | None:
+    """`s` with a later index first, when it is an elementwise statement that joins the
+    row loop `group` over that index: batchnorm's normalization Y(n, c, h, w) after the
+    loop over channels c that computes their statistics, each channel's rows of X
+    (N*H*W elements) read a third time from the caches instead of from memory. It reads
+    what the loop touches, it is no init (pass fold makes an init its contraction's
+    first writes), the index steps no view along its unit-stride dimension (a row is
+    runs of elements, not a column), and each row's views (one value of the index) take
+    at most `cached` bytes; else None."""
+    if not isinstance(s, N.Block) or "kernel" not in s.tags or "init" in s.tags:
+        return None
+    outs = [r for r in s.refs if r.dir in ("out", "inout")]
+    if not outs or any(r.agg != "assign" for r in outs):
+        return None
+    touched = {r.from_ for m in group if isinstance(m, N.Block) for r in m.refs}
+    if not touched & {r.from_ for r in s.refs if r.dir == "in"}:
+        return None
+    for idx in s.idxs[1:]:
+        if idx.affine is not None or idx.range != rows or not all(
+                any(a.coeff(idx.name) for a in r.access) for r in outs):
+            continue
+        # A row must read and write runs of elements, not a column (a transpose): no
+        # view that moves along other indices too steps along its unit stride with it.
+        if any(any(a.coeff(idx.name) and d.stride == 1 for a, d in zip(r.access, r.shape.dims))
+               and any(n != idx.name for a in r.access for n in a.names) for r in s.refs):
+            continue
+        one_row = replace(s, idxs=tuple(replace(i, range=1) if i is idx else i
+                                        for i in s.idxs))
+        if sum(_view_bytes(r, one_row) for r in s.refs) > cached:
+            continue
+        moved = replace(s, idxs=(idx, *(i for i in s.idxs if i is not idx)))
+        if _fusible(moved, budget) and all(_conflict_free(m, moved) for m in group):  # type: ignore[arg-type]
+            return moved
+    return None
 
 
 def _joining_column(s: N.Statement, rest: list[N.Statement], group: list[N.Statement],

@@ -132,6 +132,23 @@ def test_a_streaming_member_of_a_fused_row_sweeps_single_rows() -> None:
     assert_same_meaning(before, after, seeds=(0,))
 
 
+def test_a_member_whose_rows_lie_pages_apart_sweeps_them_one_at_a_time() -> None:
+    """Batchnorm's normalization in the loop over channels: each channel's images lie
+    4 KiB apart, so although its rows fit in L2 they are swept one by one; the same
+    results at sizes that fill no vector tile."""
+    from polytile.passes.collapse import collapse
+
+    t = target("cpu-avx512")
+    source = ("def bn(float(N,C,H,W) X, float(C) b) -> (Y) {\n  m(c) +=! X(n,c,h,w)\n"
+              "  Y(n,c,h,w) = X(n,c,h,w) - m(c) / (N * H * W) + b(c)\n}\n")
+    before = collapse(fuse(lowered(source, {"X": (3, 4, 10, 27), "b": (4,)}), t, {}), t, {})
+    after = autotile(before, t, {})
+    (fused,) = [s for s in after.body.stmts if isinstance(s, N.Block)]
+    (sweep,) = [leaf for leaf in leaves(fused) if any(r.into == "Y" for r in leaf.refs)]
+    assert N.Index("n", 1) in sweep.idxs
+    assert_same_meaning(before, after, seeds=(0,))
+
+
 def test_tmm_vectorizes_the_reduction_and_gathers_do_not_vectorize_the_index() -> None:
     generic = target("cpu-generic")
     source, shapes, _ = PROGRAMS["tmm"]

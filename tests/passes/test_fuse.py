@@ -85,6 +85,50 @@ def twice(float(N,N) X) -> (Y) {
     check_pass("fuse_blocked_by_transpose", before, after)
 
 
+BATCHNORM = """
+def batchnorm(float(N,C,H,W) X, float(C) gamma, float(C) beta) -> (Y) {
+  mean(c) +=! X(n,c,h,w)
+  mean(c) = mean(c) / (N * H * W)
+  var(c) +=! (X(n,c,h,w) - mean(c)) * (X(n,c,h,w) - mean(c))
+  scale(c) = gamma(c) * rsqrt(var(c) / (N * H * W) + 1e-5)
+  Y(n,c,h,w) = (X(n,c,h,w) - mean(c)) * scale(c) + beta(c)
+}
+"""
+
+
+def test_batchnorm_normalizes_each_channel_in_its_statistics_loop() -> None:
+    """The loop over channels computes mean and scale; the normalization, whose first
+    index is n, joins it over its second index c (a side member), so each channel's
+    images are read the third time while the caches hold them, and mean and scale
+    shrink to one element per channel."""
+    before = lowered(BATCHNORM, {"X": (3, 4, 5, 6), "gamma": (4,), "beta": (4,)})
+    after = fuse(before, GENERIC, {})
+    check_pass("fuse_batchnorm", before, after)
+    (row,) = top_blocks(after)
+    normalize = row.stmts[-1]
+    assert isinstance(normalize, N.Block)
+    assert [i.name for i in normalize.idxs] == ["c", "n", "h", "w"]
+    assert normalize.idxs[0].affine == N.Affine.index("r")
+    assert {r.into for r in row.refs if r.dir == "none"} == {"mean", "var", "scale"}
+
+
+def test_a_side_member_needs_rows_of_runs_and_a_value_of_the_loop() -> None:
+    """A statement that would write a column per row (a transpose), or that reads
+    nothing the loop touches, keeps its own loop nest."""
+    transpose = ("def f(float(N,M) X) -> (Y, T) {\n  s(j) +=! X(j,i)\n"
+                 "  Y(j) = s(j) * 2\n  T(i,j) = X(j,i) * s(j)\n}\n")
+    fused = fuse(lowered(transpose, {"X": (5, 7)}), GENERIC, {})
+    assert ["fused" in b.tags for b in top_blocks(fused)] == [True, False]
+    unrelated = ("def f(float(N,M) X, float(K,N,M) Z) -> (Y, T) {\n  Y(i) +=! X(i,j)\n"
+                 "  T(k,i,j) = Z(k,i,j) * 3\n}\n")
+    fused = fuse(lowered(unrelated, {"X": (5, 7), "Z": (2, 5, 7)}), GENERIC, {})
+    assert ["fused" in b.tags for b in top_blocks(fused)] == [True, False]
+    # The same statement reading the row sums joins the loop over i.
+    related = unrelated.replace("Z(k,i,j) * 3", "Z(k,i,j) * Y(i)")
+    fused = fuse(lowered(related, {"X": (5, 7), "Z": (2, 5, 7)}), GENERIC, {})
+    assert ["fused" in b.tags for b in top_blocks(fused)] == [True]
+
+
 def test_a_column_sum_over_the_rows_joins_the_row_loop() -> None:
     """Row sums over i (5 rows), then column sums over i: the column sums join the row
     loop with i as their row, adding into C from every row (aggregation add), and the
