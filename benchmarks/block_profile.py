@@ -22,20 +22,16 @@ import sys
 import tempfile
 from pathlib import Path
 
-import numpy as np
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-import polytile as pt  # noqa: E402
-from kernel_ab import _zeros, kernel_c  # noqa: E402
+from kernel_ab import _zeros, kernel_c, random_arguments  # noqa: E402
 from polytile.backends import backend_named  # noqa: E402
 from polytile.config import load_config  # noqa: E402
 from polytile.runtime.build import build_shared_object  # noqa: E402
 from polytile.runtime.kernel import SYMBOL  # noqa: E402
 from polytile.runtime.toolchain import detect_toolchain  # noqa: E402
-from polytile.sema.specialize import specialize  # noqa: E402
 from polytile.targets.target import select_target  # noqa: E402
 
 _BLOCK = re.compile(r"^    /\* block (\w+)")     # a block of the function's body
@@ -88,22 +84,8 @@ def main() -> int:
     parser.add_argument("--out-offset", type=int, default=None)
     args = parser.parse_args()
 
-    source = args.tc.read_text()
-    name = re.search(r"def\s+(\w+)\s*\(", source)
-    if name is None:
-        raise SystemExit(f"{args.tc} defines no function")
-    fn = pt.define(source, backend="interp")[name.group(1)].fn
-    sizes = {k: int(v) for k, v in (p.split("=") for p in args.sizes.split(","))}
-    scalars = {t.name: sizes.get(t.name, 1) for t in fn.params if t.kind == "scalar"}
-    spec = specialize(fn, {t.name: tuple(d.evaluate(sizes) for d in t.shape)
-                           for t in fn.params if t.kind != "scalar"}, scalars)
-    shapes = [() if t.kind == "scalar" else spec.shape(t.name) for t in fn.params + fn.outputs]
-    rng = np.random.default_rng(0)
-    inputs = [np.array(scalars[t.name], t.dtype.numpy) if t.kind == "scalar"
-              else rng.integers(0, args.int_high, s).astype(t.dtype.numpy)
-              if t.dtype.is_integral else rng.standard_normal(s).astype(t.dtype.numpy)
-              for t, s in zip(fn.params, shapes)]
-    outputs = [_zeros(s, args.out_offset) for s in shapes[len(fn.params):]]
+    fn, inputs, shapes = random_arguments(args.tc, args.sizes, args.int_high)
+    outputs = [_zeros(s, args.out_offset) for s in shapes]
 
     config = load_config()
     target = select_target(args.target or config.target)
@@ -133,7 +115,7 @@ def main() -> int:
                 times[k].append((marks[k + 1] - marks[k]) * 1e-3)
             totals.append((marks[len(names)] - marks[0]) * 1e-3)
     total = statistics.median(totals)
-    print(f"{name.group(1)} at {args.sizes}: {total:.1f} us median over {args.rounds} calls")
+    print(f"{fn.name} at {args.sizes}: {total:.1f} us median over {args.rounds} calls")
     for block, t in zip(names, times):
         median = statistics.median(t)
         print(f"  {block:32s} {median:10.1f} us  {100 * median / total:5.1f}%")

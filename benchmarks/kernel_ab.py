@@ -27,6 +27,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -72,21 +73,7 @@ def main() -> int:
     args = parser.parse_args()
     clock = time.process_time if args.cpu_time else time.perf_counter
 
-    source = args.tc.read_text()
-    name = re.search(r"def\s+(\w+)\s*\(", source)
-    if name is None:
-        raise SystemExit(f"{args.tc} defines no function")
-    fn = pt.define(source, backend="interp")[name.group(1)].fn
-    sizes = {k: int(v) for k, v in (p.split("=") for p in args.sizes.split(","))}
-    scalars = {t.name: sizes.get(t.name, 1) for t in fn.params if t.kind == "scalar"}
-    spec = specialize(fn, {t.name: tuple(d.evaluate(sizes) for d in t.shape)
-                           for t in fn.params if t.kind != "scalar"}, scalars)
-    shapes = [() if t.kind == "scalar" else spec.shape(t.name) for t in fn.params + fn.outputs]
-    rng = np.random.default_rng(0)
-    inputs = [np.array(scalars[t.name], t.dtype.numpy) if t.kind == "scalar"
-              else rng.integers(0, args.int_high, s).astype(t.dtype.numpy) if t.dtype.is_integral
-              else rng.standard_normal(s).astype(t.dtype.numpy)
-              for t, s in zip(fn.params, shapes)]
+    fn, inputs, outputs_shapes = random_arguments(args.tc, args.sizes, args.int_high)
 
     config = load_config()
     target = select_target(args.target or config.target)
@@ -100,7 +87,7 @@ def main() -> int:
             build_shared_object(source.replace("int32_t polytile_kernel(",
                                                f"int32_t {SYMBOL}("), flags, toolchain, so)
             kernels[side] = getattr(ctypes.CDLL(str(so)), SYMBOL)
-            outputs[side] = [_zeros(s, args.out_offset) for s in shapes[len(fn.params):]]
+            outputs[side] = [_zeros(s, args.out_offset) for s in outputs_shapes]
         err = (ctypes.c_int64 * 4)()
         times: dict[str, list[float]] = {side: [] for side in kernels}
         for _ in range(args.rounds):
@@ -119,6 +106,28 @@ def main() -> int:
                for a, b in zip(outputs["before"], outputs["after"]))
     print(f"outputs agree: {same}")
     return 0 if same else 1
+
+
+def random_arguments(tc: Path, sizes_text: str, int_high: int
+                     ) -> tuple[Any, list[np.ndarray], list[tuple[int, ...]]]:
+    """The first function of file `tc`, random arguments at `--sizes` (integers in [0,
+    int_high), scalars from the sizes), and its outputs' shapes."""
+    source = tc.read_text()
+    name = re.search(r"def\s+(\w+)\s*\(", source)
+    if name is None:
+        raise SystemExit(f"{tc} defines no function")
+    fn = pt.define(source, backend="interp")[name.group(1)].fn
+    sizes = {k: int(v) for k, v in (p.split("=") for p in sizes_text.split(","))}
+    scalars = {t.name: sizes.get(t.name, 1) for t in fn.params if t.kind == "scalar"}
+    spec = specialize(fn, {t.name: tuple(d.evaluate(sizes) for d in t.shape)
+                           for t in fn.params if t.kind != "scalar"}, scalars)
+    rng = np.random.default_rng(0)
+    inputs = [np.array(scalars[t.name], t.dtype.numpy) if t.kind == "scalar"
+              else rng.integers(0, int_high, spec.shape(t.name)).astype(t.dtype.numpy)
+              if t.dtype.is_integral
+              else rng.standard_normal(spec.shape(t.name)).astype(t.dtype.numpy)
+              for t in fn.params]
+    return fn, inputs, [spec.shape(t.name) for t in fn.outputs]
 
 
 def _zeros(shape: tuple[int, ...], offset: int | None) -> np.ndarray:

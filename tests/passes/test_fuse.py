@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from polytile.bench.memorybound import BATCHNORM
 from polytile.errors import ArgumentError
 from polytile.ir import nodes as N
 from polytile.passes.fuse import fuse
@@ -83,17 +84,6 @@ def twice(float(N,N) X) -> (Y) {
     after = fuse(before, GENERIC, {})
     assert after == before
     check_pass("fuse_blocked_by_transpose", before, after)
-
-
-BATCHNORM = """
-def batchnorm(float(N,C,H,W) X, float(C) gamma, float(C) beta) -> (Y) {
-  mean(c) +=! X(n,c,h,w)
-  mean(c) = mean(c) / (N * H * W)
-  var(c) +=! (X(n,c,h,w) - mean(c)) * (X(n,c,h,w) - mean(c))
-  scale(c) = gamma(c) * rsqrt(var(c) / (N * H * W) + 1e-5)
-  Y(n,c,h,w) = (X(n,c,h,w) - mean(c)) * scale(c) + beta(c)
-}
-"""
 
 
 def test_batchnorm_normalizes_each_channel_in_its_statistics_loop() -> None:

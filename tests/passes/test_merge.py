@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from hypothesis import given
 
+from polytile.bench.fusion_workloads import LN_GELU_RESIDUAL as LN_GELU
 from polytile.ir import nodes as N
 from polytile.passes.fuse import fuse
 from polytile.passes.merge import merge
@@ -14,17 +15,6 @@ from .helpers import check_pass, lowered, target
 from .test_properties import SETTINGS, chains, check
 
 GENERIC = target("cpu-generic")
-LN_GELU = """
-def ln_gelu(float(N,D) X, float(D) gamma, float(D) beta, float(N,D) R) -> (Y) {
-  mean(n) +=! X(n,d)
-  mean(n) = mean(n) / D
-  var(n) +=! (X(n,d) - mean(n)) * (X(n,d) - mean(n))
-  rstd(n) = rsqrt(var(n) / D + 1e-5)
-  H(n,d) = (X(n,d) - mean(n)) * rstd(n) * gamma(d) + beta(d)
-  G(n,d) = 0.5 * H(n,d) * (1 + erf(H(n,d) * 0.7071067811865476))
-  Y(n,d) = G(n,d) + R(n,d)
-}
-"""
 
 
 def _fused(source: str, shapes: dict[str, tuple[int, ...]]) -> N.Function:
@@ -56,6 +46,12 @@ def test_members_that_share_a_value_or_write_outputs_stay_apart() -> None:
     source = ("def f(float(N,M) X) -> (t1, t2) {\n  t1(i,j) = X(i,j) * 2\n"
               "  t2(i,j) = t1(i,j) + 1\n}\n")
     assert _members(merge(_fused(source, {"X": (3, 7)}), GENERIC, {})) == [["t1", "t2"]]
+    # The second rewrites t0, which the first reads: their order matters.
+    source = ("def f(float(N,M) X) -> (t0, t2) {\n  t0(i,j) = X(i,j) + 1\n"
+              "  t1(i,j) = t0(i,j) * 2\n  t0(i,j) = t1(i,j) + 3\n  t2(i,j) = t0(i,j) - 1\n}\n")
+    fused = _fused(source, {"X": (3, 7)})
+    assert _members(fused) == [["t0", "t1", "t0", "t2"]]
+    assert _members(merge(fused, GENERIC, {})) == [["t0", "t1", "t0", "t2"]]
 
 
 def test_a_value_read_at_another_element_stays_in_its_buffer() -> None:
