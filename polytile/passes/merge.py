@@ -87,12 +87,15 @@ def _passed(row: N.Block, members: list[N.Statement], k: int) -> set[str] | None
     local = {r.into for r in row.refs if r.dir == "none"}
     others = {v.from_ for m in members[:k] + members[k + 2:] if isinstance(m, N.Block)
               for v in m.refs}
-    read_b = {r.from_: r for r in b.refs if r.dir == "in"}
+    loops = {i.name for i in a.idxs if i.affine is None and i.range > 1}
     written_a = [r for r in a.refs if r.dir == "out"]
     for w in written_a:
-        r = read_b.get(w.from_)
-        if (w.from_ not in local or w.from_ in others or r is None
-                or (r.access, r.shape) != (w.access, w.shape)):
+        reads = [r for r in b.refs if r.dir == "in" and r.from_ == w.from_]
+        # Each element written at one iteration only (no index reduced by assignment),
+        # read by B at that iteration only.
+        if (w.from_ not in local or w.from_ in others or not reads
+                or not loops <= {n for a in w.access for n in a.names}
+                or any((r.access, r.shape) != (w.access, w.shape) for r in reads)):
             return None
     touched_a = {r.from_ for r in a.refs}
     if any(r.dir == "out" and r.from_ in touched_a for r in b.refs):
@@ -122,7 +125,7 @@ def _merged(a: N.Block, b: N.Block) -> N.Block:
         name = fresh_name(r.into, {x.into for x in refs})
         view[r.into] = name
         refs.append(replace(r, into=name))
-    stmts = [s for s in a.stmts if not isinstance(s, N.Store)]
+    stmts: list[N.Statement] = [s for s in a.stmts if not isinstance(s, N.Store)]
     taken = {s.into for s in stmts if isinstance(s, (N.Load, N.LoadIndex, N.Constant,
                                                        N.Intrinsic))}
     scalar: dict[str, str] = {}
@@ -133,6 +136,7 @@ def _merged(a: N.Block, b: N.Block) -> N.Block:
         if isinstance(s, N.Store):
             stmts.append(replace(s, ref=view[s.ref], value=scalar.get(s.value, s.value)))
             continue
+        assert isinstance(s, (N.Load, N.LoadIndex, N.Constant, N.Intrinsic))
         name = fresh_name(s.into, taken)
         taken.add(name)
         scalar[s.into] = name
