@@ -206,8 +206,12 @@ def choose_schedule(block: N.Block, target: Target, member: bool = False) -> Sch
             unroll = [(picks[0], min(loops[picks[0]], budget, 12 if vectors == 2 else 8))]
     # An OpenMP region costs microseconds: not worth it for tiny kernels.
     threaded = work(block) >= PARALLEL_MIN_WORK and not member
-    tiles, order = _cache_tiles(block, loops, parallel, reductions, dict(unroll), vector,
-                                lanes * vectors, target, _cores() if threaded else 1, member)
+    sweep = _row_sweep(block, loops, parallel, reductions, vector, lanes * vectors, target)
+    tiles: dict[str, int] = sweep or {}
+    order: tuple[str, ...] = ()
+    if sweep is None and not member:
+        tiles, order = _cache_tiles(block, loops, parallel, reductions, dict(unroll), vector,
+                                    lanes * vectors, target, _cores() if threaded else 1)
     # The span of the rows a gathered dimension reaches (the view is one element wide
     # along the others).
     tables = sum(block.ref(v).shape.dims[d].size * block.ref(v).shape.dims[d].stride
@@ -362,16 +366,14 @@ def _register_tile(picks: list[str], loops: dict[str, int], vectors: int,
 
 def _cache_tiles(block: N.Block, loops: dict[str, int], parallel: list[str],
                  reductions: list[str], unroll: dict[str, int], vector: str | None,
-                 vector_tile: int, target: Target, cores: int,
-                 member: bool = False) -> tuple[dict[str, int], tuple[str, ...]]:
+                 vector_tile: int, target: Target,
+                 cores: int) -> tuple[dict[str, int], tuple[str, ...]]:
     """(tile sizes, order): coordinate descent over tile sizes minimizing lines/MAC under
     the L2 budget, times the load imbalance of the threaded tile loop (`cores` threads),
     keeping at least two outer tiles per core when the problem allows it. A kernel
     reading packed panels (pass pack) runs its threads over the panels, the order
     `(panel index,)`, unless that costs more than PANEL_THREADS_MARGIN times the
-    threads over its rows or leaves a thread more than that over an even share. A block
-    that streams (`_streams`) takes single rows instead; a `member` of a fused row
-    block takes no other tiles."""
+    threads over its rows or leaves a thread more than that over an even share."""
     budget = target.cache_size("L2") // 2
     line = target.cache_line_bytes
 
@@ -391,14 +393,6 @@ def _cache_tiles(block: N.Block, loops: dict[str, int], parallel: list[str],
             values += [-(-loops[n] // (cores * j * base)) * base for j in range(1, 17)]
         return sorted({v for v in values if v <= min(loops[n], cap)})
 
-    rows = {n: 1 for n in parallel if n != vector and loops[n] > 1}
-    if (rows and vector is not None and not reductions and _streams(block, vector)
-            and loops[vector] > vector_tile
-            and (_footprint(block, loops, line)[0] > target.cache_size("L2")
-                 or _pages_apart(block, list(rows)))):
-        return rows, ()
-    if member:
-        return {}, ()
     # A parallel index that every view reads (a group or batch index) shares no data
     # between its values: with a tile of one, one group's weights serve all its register
     # tiles from L1 (gconv: 9 KiB a group; a tile of 16 groups cycled 16 groups' weights
@@ -479,18 +473,34 @@ def _batch_indices(block: N.Block, parallel: list[str], reductions: list[str],
     return batch if set(parallel) - batch else set()
 
 
+def _row_sweep(block: N.Block, loops: dict[str, int], parallel: list[str],
+               reductions: list[str], vector: str | None, vector_tile: int,
+               target: Target) -> dict[str, int] | None:
+    """Cache tiles of single rows, swept whole along the vector index, for a block
+    without a reduction that streams its views (`_streams`) where they do not fit in L2
+    (they come from memory) or its rows lie pages apart; else None. A tile of several
+    rows runs its register tiles across the rows (the micro-kernel loops over them), so
+    that each row of each view is read and written in pieces, which the hardware
+    prefetcher follows badly (two threads, Xeon: bias+GELU+residual 4096^2 19.3 -> 14.4
+    ms, batchnorm's normalization 64x256x28x28 21.0 -> 8.6 ms; as a member of the loop
+    over channels, its 400 KB per channel in L2 but its images 800 KB apart, 8.25 ->
+    6.78 ms), and what the rows share (a bias that does not move along them) stays in
+    L1 anyway. Rows close together in L2 (attention's 128-wide scores) keep the
+    footprint model's tiles."""
+    rows = {n: 1 for n in parallel if n != vector and loops[n] > 1}
+    if (not rows or vector is None or reductions or loops[vector] <= vector_tile
+            or not _streams(block, vector)):
+        return None
+    line = target.cache_line_bytes
+    if (_footprint(block, loops, line)[0] > target.cache_size("L2")
+            or _pages_apart(block, list(rows))):
+        return rows
+    return None
+
+
 def _streams(block: N.Block, vector: str) -> bool:
-    """Whether a block without a reduction streams its views: every view that moves
-    along the vector index is contiguous along it. Where the views do not fit in L2
-    (they stream from memory) or its rows lie pages apart, its cache tiles are single
-    rows swept whole along the vector index: a tile of several rows runs its register
-    tiles across the rows (the micro-kernel loops over them), so that each row of each
-    view is read and written in pieces, which the hardware prefetcher follows badly (two
-    threads, Xeon: bias+GELU+residual 4096^2 19.3 -> 14.4 ms, batchnorm's normalization
-    64x256x28x28 21.0 -> 8.6 ms; as a member of the loop over channels, its 400 KB
-    per channel in L2 but its images 800 KB apart, 8.25 -> 6.78 ms), and what the rows
-    share (a bias that does not move along them) stays in L1 anyway. Rows close
-    together in L2 (attention's 128-wide scores) keep their tiles."""
+    """Whether every view of the block that moves along the vector index is contiguous
+    along it."""
     moving = [r for r in block.refs if any(a.coeff(vector) for a in r.access)]
     return bool(moving) and all(contiguous_along(r, vector) for r in moving)
 
