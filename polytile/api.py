@@ -113,6 +113,8 @@ class TCFunction:
     compiler: "Compiler | None" = None
     _specs: dict[tuple, Specialized] = field(default_factory=dict)
     _kernels: dict[tuple, "CompiledFunction"] = field(default_factory=dict)
+    # The kernels' native call path (polytile.runtime.dispatch); None: the Python one.
+    _dispatch: Any = None
 
     def __post_init__(self) -> None:
         params = self.fn.params
@@ -129,6 +131,10 @@ class TCFunction:
     def __call__(self, *args: Any, out: Any = None, tune: Any = False, **unknown: Any) -> Any:
         """Run on NumPy arrays. `tune=True` (or a budget like "30s", or a dict of
         settings for polytile.tune) tunes for these shapes first."""
+        if self._dispatch is not None and not unknown and tune is False:
+            result = self._dispatch(args, out)
+            if result is not NotImplemented:
+                return result
         if unknown:
             raise self._unknown_keywords(unknown)
         if tune is not False and tune is not None:
@@ -172,7 +178,26 @@ class TCFunction:
         kernel = self._kernels.get(key)
         if kernel is None:
             kernel = self._kernels[key] = self.compiler.compile(spec)
+            self._dispatch_kernels()
         return kernel
+
+    def _dispatch_kernels(self) -> None:
+        """Give the native call path the kernels compiled so far (all of them again, so
+        one dropped by tune() goes too)."""
+        from polytile.runtime.dispatch import new_dispatcher
+        assert self.compiler is not None
+        if self._dispatch is None:
+            self._dispatch = new_dispatcher(self.compiler.config)
+            if self._dispatch is None:
+                return
+        self._dispatch.clear()
+        for (_, ints), kernel in self._kernels.items():
+            entry = kernel.dispatch_entry(ints)
+            if entry is not None:
+                try:
+                    self._dispatch.add(*entry)
+                except (OverflowError, ValueError, TypeError):
+                    pass        # a value the C side does not hold: the Python path runs it
 
     def _device_call(self, args: tuple[Any, ...], out: Any) -> Any:
         """A call on CUDA device memory (polytile.interop.device): the tensors passed by
@@ -240,6 +265,8 @@ class TCFunction:
                            label=f"{self.name} {sizes}")
         # The next call compiles again, which now finds the tuned options.
         self._kernels.pop(self._bound_key(inputs, scalars), None)
+        if self._dispatch is not None:
+            self._dispatch_kernels()
         return result
 
     def _bound_key(self, inputs: dict[str, np.ndarray], scalars: dict[str, Any]) -> tuple:

@@ -35,7 +35,7 @@ from polytile.runtime.cache import KernelCache, LoadedLibrary
 from polytile.runtime.cuda import Device
 from polytile.runtime.cuda_memory import DeviceBuffer, pointer_device
 from polytile.runtime.files import sha256_text
-from polytile.runtime.kernel import Runnable
+from polytile.runtime.kernel import KernelFailure, Runnable
 from polytile.runtime.key import CacheKey
 from polytile.runtime.pool import OutputPool, output_pool
 from polytile.runtime.sanitize import missing_runtime
@@ -231,6 +231,9 @@ def _uncleared(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
     return np.empty(shape, dtype)
 
 
+_NATIVE_EMPTY = _uncleared      # the native dispatcher allocates these itself
+
+
 class CompiledFunction:
     """A native kernel for one shape set; `run` takes bound, checked arguments and
     `run_fast` raw call arguments (returning None when they need the checked path)."""
@@ -253,12 +256,46 @@ class CompiledFunction:
         # without clearing (np.zeros of 16 MB costs 0.12 ms, np.empty nothing), from
         # the output pool where there is one (no page faults on memory used before).
         # Each output's allocator, chosen once: uncleared where the kernel writes every
-        # element before reading it, else np.zeros.
-        uncleared = pool.empty if pool is not None else _uncleared
-        self._allocate = tuple((uncleared if k < len(unfilled) and unfilled[k] else np.zeros,
-                                shape, dtype) for k, (shape, dtype) in enumerate(self.output_types))
+        # element before reading it (from the pool where it would keep the size), else
+        # np.zeros.
+        def uncleared(shape: tuple[int, ...], dtype: np.dtype) -> Callable[..., np.ndarray]:
+            if pool is not None and pool.keeps(math.prod(shape) * dtype.itemsize):
+                return pool.empty
+            return _uncleared
+        self._allocate = tuple((uncleared(shape, np.dtype(dtype))
+                                if k < len(unfilled) and unfilled[k] else np.zeros, shape, dtype)
+                               for k, (shape, dtype) in enumerate(self.output_types))
         self.cleared = tuple(a is np.zeros for a, _, _ in self._allocate)
         self._fast_ok = not spec.fn.inout
+        self._input_shapes = tuple(spec.shape(p.name) if p.kind == "input" else None
+                                   for p in params)
+
+    def dispatch_entry(self, ints: Sequence[int]) -> tuple[Any, ...] | None:
+        """The arguments of `Dispatcher.add` (polytile.runtime.dispatch) for this kernel,
+        whose integer scalars are `ints` in order; None for kernels the C side does not
+        call: not native, in/out outputs, scalars of a dtype it does not convert."""
+        address = getattr(self.kernel, "address", None)
+        if not self._fast_ok or address is None:
+            return None
+        values = iter(ints)
+        params: list[tuple[int, np.dtype, Any]] = []
+        for p, dtype, shape, limit in zip(self.fn.params, self._dtypes, self._input_shapes,
+                                          self._limits):
+            if p.kind != "scalar":
+                params.append((0, dtype, shape))
+            elif p.dtype.is_integral:
+                params.append((2, dtype, next(values)))
+            elif dtype in (np.float32, np.float64):
+                params.append((1, dtype, limit))
+            else:
+                return None
+        outputs = tuple((dtype, shape, None if allocate is _NATIVE_EMPTY
+                         else True if allocate is np.zeros else allocate)
+                        for allocate, shape, dtype in self._allocate)
+        return address, tuple(params), outputs, self._fail, self
+
+    def _fail(self, code: int, param: int, dim: int, index: int) -> None:
+        self._check(KernelFailure(code, param, dim, index))
 
     def run(self, inputs: dict[str, np.ndarray], scalars: dict[str, Any],
             outputs: dict[str, np.ndarray]) -> None:

@@ -13,6 +13,7 @@ On disk, below `config.cache_dir` (created 0700, see files.ensure_private_dir):
     locks/<digest>.lock                 flock held while an entry is checked or built
     tmp/                                builds in progress, entries being deleted
     toolchains/                         compiler probe results (runtime/toolchain.py)
+    dispatch/                           the native call path's extension (runtime/dispatch.py)
 
 An entry is built in tmp/ and renamed into kernels/ whole, so an entry directory is
 complete or absent. A process that finds no valid entry takes the entry's lock,
@@ -43,6 +44,7 @@ from typing import TYPE_CHECKING, Protocol
 from polytile.config import Config
 from polytile.errors import BuildError
 from polytile.runtime.build import BuildResult, build_shared_object
+from polytile.runtime.dispatch import DISPATCH_DIR
 from polytile.runtime.files import ensure_private_dir, exclusive_lock, sha256_file, tree_size
 from polytile.runtime.key import CacheKey
 from polytile.runtime.toolchain import RECORDS_DIR, Toolchain, detect_toolchain
@@ -411,4 +413,6 @@ def clear_cache(config: Config) -> int:
         except BlockingIOError:
             continue
     shutil.rmtree(layout.root / RECORDS_DIR, ignore_errors=True)
+    # The native dispatcher's builds (a process that loaded one keeps its mapping).
+    shutil.rmtree(layout.root / DISPATCH_DIR, ignore_errors=True)
     return removed

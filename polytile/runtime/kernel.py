@@ -58,6 +58,11 @@ class Kernel:
 
     takes_addresses = True
 
+    @property
+    def address(self) -> int:
+        """The address of the exported function (polytile.runtime.dispatch calls it)."""
+        return int(_FFI.cast("uintptr_t", self._cfunc))
+
     def __call__(self, buffers: Sequence[Any]) -> KernelFailure | None:
         """Run on objects exporting the buffer protocol (NumPy arrays) or on data
         addresses (ints, which the caller vouches for: polytile.torch passes tensors'

@@ -53,11 +53,16 @@ class OutputPool:
         self._held = 0
         self._lock = threading.Lock()
 
+    def keeps(self, nbytes: int) -> bool:
+        """Whether outputs of this size may come from the pool (smaller ones are heap
+        memory: np.empty)."""
+        return self.min_bytes <= nbytes <= self.capacity
+
     def empty(self, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
         """An uninitialized C-contiguous array, from a free pooled block where one fits."""
         dt = np.dtype(dtype)
         nbytes = math.prod(shape) * dt.itemsize
-        if nbytes < self.min_bytes or nbytes > self.capacity:
+        if not self.keeps(nbytes):
             return np.empty(shape, dt)
         with self._lock:      # two threads must not both take the same free block
             blocks = self._blocks.setdefault(nbytes, [])
