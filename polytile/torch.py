@@ -39,6 +39,7 @@ import numpy as np
 import torch
 from torch.autograd.function import once_differentiable
 
+from polytile import dtypes
 from polytile.api import TCFunction, define_like
 from polytile.autodiff import Backward, backward, forward_saving
 from polytile.compile import CompiledFunction
@@ -46,6 +47,7 @@ from polytile.errors import ArgumentError, UnsupportedError
 from polytile.interop.adapters import torch_dtype, torch_view
 from polytile.interop.device import refused
 from polytile.interop.fx import Backend, backend
+from polytile.runtime.dispatch import use_torch
 from polytile.sema import program as P
 from polytile.sema.specialize import specialize
 
@@ -166,6 +168,10 @@ class _Eager(torch.autograd.Function):
 def _run(tc: TCFunction, args: tuple[Any, ...] | list[Any]) -> tuple[torch.Tensor, ...]:
     """`tc` on tensors, its outputs as tensors: the kernel compiled for these shapes on
     the tensors' data pointers, else through NumPy views of their memory."""
+    if tc._dispatch is not None:                       # the native call path
+        result = tc._dispatch.torch(tuple(args))
+        if result is not NotImplemented:
+            return result
     if any(isinstance(a, torch.Tensor) and a.device.type == "cuda" for a in args):
         # The device path (polytile.interop.device) reads the CUDA array interface, which
         # torch gives only for detached tensors, and takes C-contiguous memory.
@@ -274,3 +280,18 @@ def _custom(tc: TCFunction, qualname: str) -> Any:
         return outs[0] if len(outs) == 1 else outs
 
     return custom
+
+
+def _torch_pairs() -> tuple[tuple[np.dtype, torch.dtype], ...]:
+    """(NumPy dtype, torch dtype) of every polytile dtype torch has."""
+    pairs = []
+    for dt in dtypes.ALL:
+        try:
+            pairs.append((np.dtype(dt.numpy), torch_dtype(np.dtype(dt.numpy))))
+        except (TypeError, ValueError):
+            continue                                   # a dtype torch lacks (uint16, ...)
+    return tuple(pairs)
+
+
+# The native call path takes plain CPU tensors as _run_addresses does.
+use_torch(_PLAIN, _tensor, _torch_pairs())

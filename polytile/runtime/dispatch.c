@@ -24,7 +24,8 @@
 
 typedef int32_t (*pt_kernel)(void **args, int64_t *err);
 
-#define PT_MAX_ARGS 256             /* parameters and outputs of one kernel */
+#define PT_MAX_ARGS 128             /* parameters and outputs of one kernel */
+#define PT_TORCH_DIMS 16            /* the most dimensions a torch tensor argument has here */
 
 enum { P_TENSOR = 0, P_FLOAT = 1, P_INT = 2 };
 
@@ -35,6 +36,7 @@ typedef struct {
     npy_intp dims[NPY_MAXDIMS];
     double limit;                  /* float scalars: |x| >= limit overflows (inf is kept) */
     long long value;               /* integer scalars: the value the kernel is made for */
+    PyObject *torch_dtype;         /* tensors: the torch dtype of descr, once looked up */
     int itemsize;                  /* scalars: bytes the kernel reads */
 } Param;
 
@@ -67,8 +69,10 @@ typedef struct {
 
 static void entry_free(Entry *e)
 {
-    for (Py_ssize_t k = 0; k < e->n_params; k++)
+    for (Py_ssize_t k = 0; k < e->n_params; k++) {
         Py_XDECREF(e->params[k].descr);
+        Py_XDECREF(e->params[k].torch_dtype);
+    }
     for (Py_ssize_t k = 0; k < e->n_outputs; k++) {
         Py_XDECREF(e->outputs[k].descr);
         Py_XDECREF(e->outputs[k].alloc);
@@ -287,6 +291,104 @@ static PyObject *new_output(const Output *o)
     return PyObject_CallFunctionObjArgs(o->alloc, o->shape, (PyObject *)o->descr, NULL);
 }
 
+/* ------------------------------------------------------------- torch tensors
+   Set by use_torch() (polytile.torch): the plain tensor types, wrap(ndarray) -> tensor
+   for the outputs, and pairs (NumPy dtype, torch dtype). A torch call (Dispatcher.torch)
+   reads each tensor argument's shape, dtype, place, layout and data pointer. */
+static PyObject *torch_types;      /* tuple of types */
+static PyObject *torch_wrap;
+static PyObject *torch_pairs;      /* tuple of (np.dtype, torch.dtype) */
+static PyObject *s_shape, *s_dtype, *s_is_cpu, *s_is_contiguous, *s_data_ptr;
+
+typedef struct {
+    int ndim;
+    npy_intp dims[PT_TORCH_DIMS];
+    PyObject *dtype;               /* compared by identity only (no reference held) */
+    int dense;                     /* on the CPU and contiguous */
+    void *data;
+} TorchView;
+
+static PyObject *use_torch(PyObject *module, PyObject *args)
+{
+    (void)module;
+    PyObject *types, *wrap, *pairs;
+    if (!PyArg_ParseTuple(args, "O!OO!", &PyTuple_Type, &types, &wrap, &PyTuple_Type, &pairs))
+        return NULL;
+    Py_INCREF(types);
+    Py_XSETREF(torch_types, types);
+    Py_INCREF(wrap);
+    Py_XSETREF(torch_wrap, wrap);
+    Py_INCREF(pairs);
+    Py_XSETREF(torch_pairs, pairs);
+    Py_RETURN_NONE;
+}
+
+static int is_torch_tensor(PyObject *a)
+{
+    if (torch_types == NULL)
+        return 0;
+    for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(torch_types); k++)
+        if ((PyObject *)Py_TYPE(a) == PyTuple_GET_ITEM(torch_types, k))
+            return 1;
+    return 0;
+}
+
+/* 1 with *v filled; 0 (no exception) for what the Python path must take. */
+static int torch_view(PyObject *a, TorchView *v)
+{
+    PyObject *shape = NULL, *dtype = NULL, *cpu = NULL, *contiguous = NULL, *ptr = NULL;
+    int ok = 0;
+    if ((shape = PyObject_GetAttr(a, s_shape)) == NULL || !PyTuple_Check(shape)
+            || PyTuple_GET_SIZE(shape) > PT_TORCH_DIMS)
+        goto done;
+    v->ndim = (int)PyTuple_GET_SIZE(shape);
+    for (int d = 0; d < v->ndim; d++) {
+        v->dims[d] = (npy_intp)PyLong_AsSsize_t(PyTuple_GET_ITEM(shape, d));
+        if (v->dims[d] == -1 && PyErr_Occurred())
+            goto done;
+    }
+    if ((dtype = PyObject_GetAttr(a, s_dtype)) == NULL
+            || (cpu = PyObject_GetAttr(a, s_is_cpu)) == NULL
+            || (contiguous = PyObject_CallMethodNoArgs(a, s_is_contiguous)) == NULL
+            || (ptr = PyObject_CallMethodNoArgs(a, s_data_ptr)) == NULL)
+        goto done;
+    v->dtype = dtype;
+    v->dense = cpu == Py_True && contiguous == Py_True;
+    v->data = PyLong_AsVoidPtr(ptr);
+    ok = !PyErr_Occurred();
+done:
+    PyErr_Clear();
+    Py_XDECREF(shape);
+    Py_XDECREF(dtype);
+    Py_XDECREF(cpu);
+    Py_XDECREF(contiguous);
+    Py_XDECREF(ptr);
+    return ok;
+}
+
+/* The torch dtype of a tensor parameter, or NULL. */
+static PyObject *torch_dtype(Param *p)
+{
+    if (p->torch_dtype == NULL && torch_pairs != NULL) {
+        for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(torch_pairs); k++) {
+            PyObject *pair = PyTuple_GET_ITEM(torch_pairs, k);
+            PyArray_Descr *numpy = NULL;
+            if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2
+                    || !PyArray_DescrConverter(PyTuple_GET_ITEM(pair, 0), &numpy)) {
+                PyErr_Clear();
+                continue;
+            }
+            int same = same_dtype(numpy, p->descr);
+            Py_DECREF(numpy);
+            if (same) {
+                p->torch_dtype = Py_NewRef(PyTuple_GET_ITEM(pair, 1));
+                break;
+            }
+        }
+    }
+    return p->torch_dtype;
+}
+
 typedef union { double f64; float f32; long long i64; int32_t i32; int16_t i16;
                 int8_t i8; } Scalar;
 
@@ -324,14 +426,19 @@ static int scalar(const Param *p, PyObject *a, Scalar *s)
 
 /* Run entry e on the call's arguments: the result, NULL with an exception set, or
    NotImplemented (new references) for a call the Python path must take. */
-static PyObject *run(const Entry *e, PyObject *call_args, PyObject *out)
+static PyObject *run(Entry *e, PyObject *call_args, PyObject *out, const TorchView *views)
 {
     void *pointers[PT_MAX_ARGS];
     Scalar scalars[PT_MAX_ARGS];
     for (Py_ssize_t k = 0; k < e->n_params; k++) {
-        const Param *p = &e->params[k];
+        Param *p = &e->params[k];
         PyObject *a = PyTuple_GET_ITEM(call_args, k);
-        if (p->kind == P_TENSOR) {
+        if (p->kind == P_TENSOR && views != NULL) {
+            PyObject *want = torch_dtype(p);
+            if (want == NULL || views[k].dtype != want || !views[k].dense)
+                Py_RETURN_NOTIMPLEMENTED;
+            pointers[k] = views[k].data;
+        } else if (p->kind == P_TENSOR) {
             PyArrayObject *arr = (PyArrayObject *)a;       /* an array: matches() */
             if (!usable(arr, p->descr))
                 Py_RETURN_NOTIMPLEMENTED;
@@ -397,9 +504,21 @@ static PyObject *run(const Entry *e, PyObject *call_args, PyObject *out)
             PyErr_Format(PyExc_RuntimeError, "kernel failed with code %d", (int)code);
         goto done;
     }
-    /* What the Python path returns: the output, or a tuple of them. */
+    /* What the Python path returns: the output, or a tuple of them; torch: a tuple of
+       tensors on the outputs' memory. */
     PyObject **outputs = out != Py_None ? given : made;
-    if (e->n_outputs == 1) {
+    if (views != NULL) {
+        if ((result = PyTuple_New(e->n_outputs)) == NULL)
+            goto done;
+        for (Py_ssize_t j = 0; j < e->n_outputs; j++) {
+            PyObject *tensor = PyObject_CallOneArg(torch_wrap, outputs[j]);
+            if (tensor == NULL) {
+                Py_CLEAR(result);
+                goto done;
+            }
+            PyTuple_SET_ITEM(result, j, tensor);
+        }
+    } else if (e->n_outputs == 1) {
         result = outputs[0];
         Py_INCREF(result);
     } else if ((result = PyTuple_New(e->n_outputs)) != NULL) {
@@ -426,7 +545,51 @@ static PyObject *dispatcher_call(Dispatcher *self, PyObject *args, PyObject *kwa
         Entry *e = self->entries[k];
         if (e->n_params == PyTuple_GET_SIZE(call_args) && matches(e, call_args)) {
             e->refs++;
-            PyObject *result = run(e, call_args, out);
+            PyObject *result = run(e, call_args, out, NULL);
+            entry_release(e);
+            return result;
+        }
+    }
+    Py_RETURN_NOTIMPLEMENTED;
+}
+
+/* dispatcher.torch(args): the outputs as a tuple of torch tensors, or NotImplemented.
+   Tensor parameters take plain CPU tensors (torch.Tensor, nn.Parameter), contiguous,
+   of the parameter's dtype, exactly as polytile.torch's address path does. */
+static PyObject *dispatcher_torch(Dispatcher *self, PyObject *call_args)
+{
+    if (!PyTuple_Check(call_args)) {
+        PyErr_SetString(PyExc_TypeError, "torch() takes a tuple of arguments");
+        return NULL;
+    }
+    Py_ssize_t n = PyTuple_GET_SIZE(call_args);
+    if (torch_types == NULL || n > PT_MAX_ARGS)
+        Py_RETURN_NOTIMPLEMENTED;
+    TorchView views[PT_MAX_ARGS];
+    char tensor[PT_MAX_ARGS];
+    for (Py_ssize_t k = 0; k < n; k++) {
+        PyObject *a = PyTuple_GET_ITEM(call_args, k);
+        tensor[k] = is_torch_tensor(a);
+        if (tensor[k] && !torch_view(a, &views[k]))
+            Py_RETURN_NOTIMPLEMENTED;
+    }
+    for (Py_ssize_t k = 0; k < self->n_entries; k++) {
+        Entry *e = self->entries[k];
+        if (e->n_params != n)
+            continue;
+        int match = 1;
+        for (Py_ssize_t j = 0; match && j < n; j++) {
+            const Param *p = &e->params[j];
+            long long v;
+            if (p->kind == P_TENSOR)
+                match = tensor[j] && views[j].ndim == p->ndim
+                    && memcmp(views[j].dims, p->dims, p->ndim * sizeof(npy_intp)) == 0;
+            else if (p->kind == P_INT)
+                match = integer_value(PyTuple_GET_ITEM(call_args, j), &v) && v == p->value;
+        }
+        if (match) {
+            e->refs++;
+            PyObject *result = run(e, call_args, Py_None, views);
             entry_release(e);
             return result;
         }
@@ -443,6 +606,8 @@ static PyMethodDef dispatcher_methods[] = {
     {"add", (PyCFunction)dispatcher_add, METH_VARARGS,
      "add(address, params, outputs, fail, owner): an entry for one compiled kernel"},
     {"clear", (PyCFunction)dispatcher_clear, METH_NOARGS, "drop every entry"},
+    {"torch", (PyCFunction)dispatcher_torch, METH_O,
+     "torch(args): the outputs as torch tensors, or NotImplemented"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -461,8 +626,15 @@ static PyTypeObject DispatcherType = {
     .tp_as_sequence = &dispatcher_sequence,
 };
 
+static PyMethodDef module_methods[] = {
+    {"use_torch", (PyCFunction)use_torch, METH_VARARGS,
+     "use_torch(tensor_types, wrap, dtype_pairs): let Dispatcher.torch take torch tensors"},
+    {NULL, NULL, 0, NULL},
+};
+
 static struct PyModuleDef dispatch_module = {
     PyModuleDef_HEAD_INIT,
+    .m_methods = module_methods,
     .m_name = "_pt_dispatch",
     .m_doc = "polytile's native call path",
     .m_size = -1,
@@ -472,6 +644,12 @@ PyMODINIT_FUNC PyInit__pt_dispatch(void)
 {
     import_array();
     if (PyType_Ready(&DispatcherType) < 0)
+        return NULL;
+    if ((s_shape = PyUnicode_InternFromString("shape")) == NULL
+            || (s_dtype = PyUnicode_InternFromString("dtype")) == NULL
+            || (s_is_cpu = PyUnicode_InternFromString("is_cpu")) == NULL
+            || (s_is_contiguous = PyUnicode_InternFromString("is_contiguous")) == NULL
+            || (s_data_ptr = PyUnicode_InternFromString("data_ptr")) == NULL)
         return NULL;
     PyObject *m = PyModule_Create(&dispatch_module);
     if (m == NULL)

@@ -11,9 +11,12 @@ C (see its header). Each TCFunction gets a Dispatcher; every kernel compiled for
     dispatcher = new_dispatcher(config)          # None: not buildable here
     dispatcher.add(*entry)                       # CompiledFunction.dispatch_entry()
     dispatcher(args, out)                        # the outputs, or NotImplemented
+    dispatcher.torch(args)                       # polytile.torch: a tuple of tensors
 
 NotImplemented sends the call down the Python path, which handles every case and
 raises every error; the C side only ever takes calls that path would take unchanged.
+The torch call reads each tensor argument's shape, dtype, place, layout and data
+pointer itself, once polytile.torch has named torch's types (`use_torch`).
 Where the extension cannot be built (no Python.h, no compiler), or when
 POLYTILE_NATIVE_DISPATCH=0, calls take the Python path alone.
 """
@@ -47,6 +50,7 @@ _MODULE = "_pt_dispatch"
 _FLAGS = ("-O2", "-std=gnu11", "-fvisibility=hidden")
 _LOCK = threading.Lock()
 _LOADED: dict[str, Any] = {}      # digest -> the extension module (or None: not buildable)
+_TORCH: tuple[Any, ...] | None = None    # use_torch's arguments
 
 
 def enabled() -> bool:
@@ -61,6 +65,17 @@ def new_dispatcher(config: Config) -> Any | None:
     return None if module is None else module.Dispatcher()
 
 
+def use_torch(types: tuple[type, ...], wrap: Any, pairs: tuple[tuple[Any, Any], ...]) -> None:
+    """Let `Dispatcher.torch` take tensors of exactly `types`, wrap the outputs with
+    `wrap(ndarray)`, and map NumPy dtypes to torch's by `pairs` (np.dtype, torch.dtype)."""
+    global _TORCH
+    with _LOCK:
+        _TORCH = (types, wrap, pairs)
+        for module in _LOADED.values():
+            if module is not None:
+                module.use_torch(*_TORCH)
+
+
 def _module(config: Config) -> Any | None:
     try:
         toolchain = detect_toolchain(config)
@@ -73,7 +88,10 @@ def _module(config: Config) -> Any | None:
     digest = hashlib.sha256(identity.encode()).hexdigest()[:24]
     with _LOCK:
         if digest not in _LOADED:
-            _LOADED[digest] = _build_and_load(config, toolchain, source, includes, digest)
+            module = _LOADED[digest] = _build_and_load(config, toolchain, source, includes,
+                                                       digest)
+            if module is not None and _TORCH is not None:
+                module.use_torch(*_TORCH)
         return _LOADED[digest]
 
 

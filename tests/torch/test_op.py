@@ -199,7 +199,9 @@ def test_second_derivatives_are_refused_not_zero(ops: dict) -> None:
 def test_the_address_path_agrees_with_the_numpy_path(monkeypatch: pytest.MonkeyPatch) -> None:
     """Once a kernel is compiled for the shapes, contiguous CPU tensors go to it by data
     pointer; offset views, transposed views, a scalar and a wrong dtype still come out
-    right (or refused), as on the NumPy path."""
+    right (or refused), as on the NumPy path. (The Python path: the native one, which
+    takes these calls first, is tested in test_dispatch.py.)"""
+    monkeypatch.setenv("POLYTILE_NATIVE_DISPATCH", "0")
     mod = pt.define("def axpy(float(N,M) x, float(N,M) y, float a) -> (z) {\n"
                     "  z(i,j) = a * x(i,j) + y(i,j)\n}")
     op = ptt.op(mod.axpy)
