@@ -69,11 +69,11 @@ typedef struct {
 
 static void entry_free(Entry *e)
 {
-    for (Py_ssize_t k = 0; k < e->n_params; k++) {
+    for (Py_ssize_t k = 0; e->params != NULL && k < e->n_params; k++) {
         Py_XDECREF(e->params[k].descr);
         Py_XDECREF(e->params[k].torch_dtype);
     }
-    for (Py_ssize_t k = 0; k < e->n_outputs; k++) {
+    for (Py_ssize_t k = 0; e->outputs != NULL && k < e->n_outputs; k++) {
         Py_XDECREF(e->outputs[k].descr);
         Py_XDECREF(e->outputs[k].alloc);
         Py_XDECREF(e->outputs[k].shape);
@@ -102,7 +102,7 @@ static void dispatcher_dealloc(Dispatcher *self)
 static int read_dims(PyObject *shape, int *ndim, npy_intp *dims)
 {
     if (!PyTuple_Check(shape) || PyTuple_GET_SIZE(shape) > NPY_MAXDIMS) {
-        PyErr_SetString(PyExc_TypeError, "a shape must be a tuple of at most 64 ints");
+        PyErr_SetString(PyExc_TypeError, "a shape must be a tuple of ints (NPY_MAXDIMS at most)");
         return -1;
     }
     *ndim = (int)PyTuple_GET_SIZE(shape);
@@ -288,7 +288,17 @@ static PyObject *new_output(const Output *o)
         Py_INCREF(o->descr);
         return PyArray_Zeros(o->ndim, (npy_intp *)o->dims, o->descr, 0);
     }
-    return PyObject_CallFunctionObjArgs(o->alloc, o->shape, (PyObject *)o->descr, NULL);
+    PyObject *made = PyObject_CallFunctionObjArgs(o->alloc, o->shape, (PyObject *)o->descr,
+                                                  NULL);
+    if (made != NULL && !(PyArray_Check(made) && PyArray_IS_C_CONTIGUOUS((PyArrayObject *)made)
+                          && PyArray_NBYTES((PyArrayObject *)made)
+                             == PyArray_MultiplyList((npy_intp *)o->dims, o->ndim)
+                                * PyArray_ITEMSIZE((PyArrayObject *)made))) {
+        PyErr_SetString(PyExc_TypeError, "an output allocator returned no C-contiguous array "
+                        "of the output's size");
+        Py_CLEAR(made);
+    }
+    return made;
 }
 
 /* ------------------------------------------------------------- torch tensors

@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from polytile.config import Config
-from polytile.errors import BuildError
+from polytile.errors import PolytileError
 from polytile.runtime.build import build_shared_object
 from polytile.runtime.files import ensure_private_dir, exclusive_lock
 from polytile.runtime.toolchain import Toolchain, detect_toolchain
@@ -79,7 +79,7 @@ def use_torch(types: tuple[type, ...], wrap: Any, pairs: tuple[tuple[Any, Any], 
 def _module(config: Config) -> Any | None:
     try:
         toolchain = detect_toolchain(config)
-    except BuildError:
+    except PolytileError:
         return None
     source = _SOURCE.read_text(encoding="utf-8")
     includes = (sysconfig.get_paths()["include"], np.get_include())
@@ -110,15 +110,16 @@ def _build_and_load(config: Config, toolchain: Toolchain, source: str,
             with tempfile.TemporaryDirectory(prefix="polytile-dispatch-") as tmp:
                 return _load(build_shared_object(source, flags, plain,
                                                  Path(tmp, f"{_MODULE}.so")).so_path)
-        directory = ensure_private_dir(config.cache_dir / DISPATCH_DIR)
+        root = ensure_private_dir(config.cache_dir)
+        directory = ensure_private_dir(root / DISPATCH_DIR)
         so_path = directory / f"{_MODULE}-{digest}.so"
-        locks = ensure_private_dir(config.cache_dir / "locks")
+        locks = ensure_private_dir(root / "locks")
         with exclusive_lock(locks / f"dispatch-{digest}.lock"):
             if not so_path.is_file():
                 build_shared_object(source, flags, plain, so_path,
                                     source_path=directory / f"{_MODULE}-{digest}.c")
         return _load(so_path)
-    except (BuildError, OSError, ImportError) as e:
+    except (PolytileError, OSError, ImportError) as e:    # BuildError, a cache directory
         log.info("native dispatch off: %s", getattr(e, "message", e))
         return None
 

@@ -78,6 +78,7 @@ def test_a_cluster_tune_completes_and_a_fresh_process_uses_it_without_compiling(
     assert tuned.returncode == 0, tuned.stdout + tuned.stderr
     assert "tmm: best options" in tuned.stdout
     compiles = log.read_text().count("kernel.c")
+    dispatch_builds = _dispatch_builds(log)
     assert compiles >= 2                       # the workers built the candidates
     db = TuningDatabase(tmp_path / "cache" / "tuning.sqlite3")
     (entry,) = db.entries()
@@ -88,11 +89,18 @@ def test_a_cluster_tune_completes_and_a_fresh_process_uses_it_without_compiling(
                           capture_output=True, text=True, timeout=120, check=False)
     assert used.returncode == 0, used.stderr
     found = json.loads(used.stdout.strip().splitlines()[-1])
-    assert found["invocations"] == 0           # no compile, no probe: the winner is cached
+    # No kernel compiled, no probe: the winner is cached. The native call path
+    # (runtime/dispatch.c) is built once per cache by the first call that needs it.
     assert log.read_text().count("kernel.c") == compiles
+    assert found["invocations"] == _dispatch_builds(log) - dispatch_builds <= 1
     assert found["error"] < 1e-4
     for name, schedule in entry.options.schedules:
         assert f"{name}:{schedule.text()}" in found["options"]
+
+
+def _dispatch_builds(log: Path) -> int:
+    """Compiler runs in the log that built the native call path."""
+    return sum("_pt_dispatch" in line for line in log.read_text().splitlines())
 
 
 # Not marked slow (8-20 s here, under load): issue 18 asks CI to show a lost worker survived.
