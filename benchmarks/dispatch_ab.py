@@ -7,8 +7,8 @@ Times, with `polytile bench`'s block timing (polytile.bench.timing.time_blocks: 
 of calls, their order rotating), a 16-float add called from NumPy, and a training step
 (forward and derived backward through polytile.torch.op, as `polytile bench --training`
 runs it) of each training workload, once through functions with the native call path
-and once through the same functions with it switched off (`_dispatch = None`: every
-call takes the Python path). Both sides share the kernels' shared objects, so the
+and once through the same functions with it switched off (`Config.native_dispatch`:
+every call takes the Python path). Both sides share the kernels' shared objects, so the
 difference is the call path alone. Prints each side's median and the ratio.
 """
 from __future__ import annotations
@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -27,20 +28,15 @@ sys.path.insert(0, str(ROOT))
 import polytile as pt  # noqa: E402
 from polytile.bench.timing import TimingOptions, time_blocks  # noqa: E402
 from polytile.bench.training import leaf, training_set  # noqa: E402
+from polytile.config import load_config  # noqa: E402
 
-
-def python_path(module: pt.Module) -> pt.Module:
-    """`module` with every function on the Python call path."""
-    for fn in module._functions.values():
-        fn._dispatch = None
-        fn._dispatch_kernels = lambda: None
-    return module
+CONFIGS = {"native": load_config(), "python": replace(load_config(), native_dispatch=False)}
 
 
 def add_calls() -> dict[str, Callable[[], Any]]:
     source = "def add(float(N) a, float(N) b) -> (c) { c(i) = a(i) + b(i) }"
     a, b = np.random.default_rng(0).standard_normal((2, 16), dtype=np.float32)
-    native, python = pt.define(source).add, python_path(pt.define(source)).add
+    native, python = (pt.define(source, config=CONFIGS[side]).add for side in CONFIGS)
     native(a, b), python(a, b)
     return {"native": lambda: native(a, b), "python": lambda: python(a, b)}
 
@@ -51,13 +47,8 @@ def step_calls(w: Any) -> dict[str, Callable[[], Any]]:
     import polytile.torch as ptt
     args = w.make_inputs(np.random.default_rng(0))
     calls = {}
-    for side in ("native", "python"):
-        module = pt.define(w.tc)
-        op = ptt.op(module[w.function])
-        if side == "python":
-            for tc in (op.forward, op.gradient):
-                tc._dispatch = None
-                tc._dispatch_kernels = lambda: None
+    for side, config in CONFIGS.items():
+        op = ptt.op(pt.define(w.tc, config=config)[w.function])
         leaves = [leaf(torch, a) for a in args]
         seed = torch.ones(op(*[t.detach() for t in leaves]).shape)
 

@@ -18,6 +18,7 @@ changes nothing:
 | POLYTILE_IGNORE_TUNED     | ignore_tuned       | off: calls use the tuning database's best |
 | POLYTILE_SANITIZE         | sanitize           | none; `address,undefined` builds kernels with those sanitizers (polytile.runtime.sanitize) |
 | POLYTILE_OUTPUT_POOL_MB   | output_pool_bytes  | 256: large outputs reuse up to this much memory the process already touched (polytile.runtime.pool); 0: off |
+| POLYTILE_NO_NATIVE_DISPATCH | native_dispatch  | off: cached calls run through the native call path (polytile.runtime.dispatch); on: through Python alone |
 
 POLYTILE_CC may be a command with arguments, e.g. `POLYTILE_CC="ccache gcc"` or
 `POLYTILE_CC="cc -fno-strict-aliasing"`.
@@ -58,6 +59,8 @@ class Config:
     sanitize: tuple[str, ...] = ()
     # Bytes of output blocks kept for reuse (polytile.runtime.pool); 0 turns it off.
     output_pool_bytes: int = 256 << 20
+    # Cached calls through the C call path (polytile.runtime.dispatch), where it builds.
+    native_dispatch: bool = True
 
     def __post_init__(self) -> None:
         # A str or any os.PathLike works; made absolute now, so a later os.chdir
@@ -79,6 +82,7 @@ def load_config(environ: Mapping[str, str] | None = None) -> Config:
         ignore_tuned=_flag(env, "POLYTILE_IGNORE_TUNED"),
         sanitize=parse_sanitizers(env.get("POLYTILE_SANITIZE", ""), "POLYTILE_SANITIZE"),
         output_pool_bytes=_megabytes(env, "POLYTILE_OUTPUT_POOL_MB", 256) << 20,
+        native_dispatch=not _flag(env, "POLYTILE_NO_NATIVE_DISPATCH"),
     )
 
 

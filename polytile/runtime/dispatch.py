@@ -17,8 +17,9 @@ NotImplemented sends the call down the Python path, which handles every case and
 raises every error; the C side only ever takes calls that path would take unchanged.
 The torch call reads each tensor argument's shape, dtype, place, layout and data
 pointer itself, once polytile.torch has named torch's types (`use_torch`).
-Where the extension cannot be built (no Python.h, no compiler), or when
-POLYTILE_NATIVE_DISPATCH=0, calls take the Python path alone.
+Where the extension cannot be built (no Python.h, no compiler), or when it is off
+(`Config.native_dispatch`, POLYTILE_NO_NATIVE_DISPATCH=1), calls take the Python path
+alone.
 """
 from __future__ import annotations
 
@@ -26,7 +27,6 @@ import hashlib
 import importlib.machinery
 import importlib.util
 import logging
-import os
 import sys
 import sysconfig
 import tempfile
@@ -53,13 +53,10 @@ _LOADED: dict[str, Any] = {}      # digest -> the extension module (or None: not
 _TORCH: tuple[Any, ...] | None = None    # use_torch's arguments
 
 
-def enabled() -> bool:
-    return os.environ.get("POLYTILE_NATIVE_DISPATCH", "1") != "0"
-
-
 def new_dispatcher(config: Config) -> Any | None:
-    """A new, empty Dispatcher, or None where the extension cannot be built or is off."""
-    if not enabled():
+    """A new, empty Dispatcher, or None where the extension cannot be built or is off
+    (`config.native_dispatch`)."""
+    if not config.native_dispatch:
         return None
     module = _module(config)
     return None if module is None else module.Dispatcher()

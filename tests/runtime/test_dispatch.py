@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 import threading
 from collections.abc import Callable
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,7 @@ from hypothesis import strategies as st
 import polytile as pt
 from polytile.api import TCFunction
 from polytile.compile import CompiledFunction
-from polytile.config import Config
+from polytile.config import Config, load_config
 from polytile.runtime import dispatch
 
 SOURCE = """
@@ -46,10 +47,7 @@ def modules(tmp_path_factory: pytest.TempPathFactory) -> tuple[pt.Module, pt.Mod
     """The same functions with the native call path and with the Python path alone."""
     config = Config(cache_dir=tmp_path_factory.mktemp("cache"))
     native = pt.define(SOURCE, config=config)
-    python = pt.define(SOURCE, config=config)
-    for fn in python._functions.values():
-        fn._dispatch = None
-        fn._dispatch_kernels = lambda: None            # type: ignore[method-assign]
+    python = pt.define(SOURCE, config=replace(config, native_dispatch=False))
     return native, python
 
 
@@ -234,14 +232,15 @@ def test_calls_from_two_threads(modules: tuple[pt.Module, pt.Module]) -> None:
     assert not failures
 
 
-def test_off_by_environment_and_where_it_cannot_be_built(tmp_path: Path,
-                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_off_by_configuration_and_where_it_cannot_be_built(tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch
+                                                           ) -> None:
     a = np.arange(3, dtype=np.float32)
-    monkeypatch.setenv("POLYTILE_NATIVE_DISPATCH", "0")
-    off = pt.define(SOURCE, config=Config(cache_dir=tmp_path / "a")).add
+    assert not load_config({"POLYTILE_NO_NATIVE_DISPATCH": "1"}).native_dispatch
+    assert load_config({}).native_dispatch
+    off = pt.define(SOURCE, config=Config(cache_dir=tmp_path / "a", native_dispatch=False)).add
     np.testing.assert_array_equal(off(a, a), 2 * a)
     assert off._dispatch is None
-    monkeypatch.delenv("POLYTILE_NATIVE_DISPATCH")
     monkeypatch.setattr(dispatch, "_LOADED", {})
     monkeypatch.setattr(dispatch.sysconfig, "get_paths", lambda: {"include": str(tmp_path)})
     headless = pt.define(SOURCE, config=Config(cache_dir=tmp_path / "b")).add

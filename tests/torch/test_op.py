@@ -201,7 +201,7 @@ def test_the_address_path_agrees_with_the_numpy_path(monkeypatch: pytest.MonkeyP
     pointer; offset views, transposed views, a scalar and a wrong dtype still come out
     right (or refused), as on the NumPy path. (The Python path: the native one, which
     takes these calls first, is tested in test_dispatch.py.)"""
-    monkeypatch.setenv("POLYTILE_NATIVE_DISPATCH", "0")
+    monkeypatch.setenv("POLYTILE_NO_NATIVE_DISPATCH", "1")
     mod = pt.define("def axpy(float(N,M) x, float(N,M) y, float a) -> (z) {\n"
                     "  z(i,j) = a * x(i,j) + y(i,j)\n}")
     op = ptt.op(mod.axpy)
