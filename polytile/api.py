@@ -20,6 +20,7 @@ from polytile.deep import SHALLOW, call_deep
 from polytile.errors import ArgumentError, PolytileError
 from polytile.interop import device
 from polytile.interop.adapters import NUMPY, Adapter, AdapterError, adapter_for
+from polytile.runtime import dispatch
 from polytile.lang.parser import parse
 from polytile.sema import program as P
 from polytile.sema import reference
@@ -113,8 +114,10 @@ class TCFunction:
     compiler: "Compiler | None" = None
     _specs: dict[tuple, Specialized] = field(default_factory=dict)
     _kernels: dict[tuple, "CompiledFunction"] = field(default_factory=dict)
-    # The kernels' native call path (polytile.runtime.dispatch); None: the Python one.
+    # The kernels' native call path (polytile.runtime.dispatch); None: the Python one
+    # (and `_dispatch_generation` is dispatch.generation when a dispatcher was asked for).
     _dispatch: Any = None
+    _dispatch_generation: int = -1
 
     def __post_init__(self) -> None:
         params = self.fn.params
@@ -184,10 +187,10 @@ class TCFunction:
     def _dispatch_kernels(self) -> None:
         """Give the native call path the kernels compiled so far (all of them again, so
         one dropped by tune() goes too)."""
-        from polytile.runtime.dispatch import new_dispatcher
         assert self.compiler is not None
         if self._dispatch is None:
-            self._dispatch = new_dispatcher(self.compiler.config)
+            self._dispatch_generation = dispatch.generation
+            self._dispatch = dispatch.new_dispatcher(self.compiler.config)
             if self._dispatch is None:
                 return
         self._dispatch.clear()
@@ -286,6 +289,9 @@ class TCFunction:
     def compiled(self, args: Sequence[Any]) -> "CompiledFunction | None":
         """The kernel already compiled for these arguments' shapes (and integer scalars),
         or None; compiles nothing and checks nothing else."""
+        if (self._dispatch is None and self._kernels
+                and self._dispatch_generation != dispatch.generation):
+            self._dispatch_kernels()            # the native call path was built meanwhile
         try:
             return self._kernels.get(self._key(args))
         except (AttributeError, TypeError, ValueError, OverflowError):

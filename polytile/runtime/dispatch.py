@@ -48,17 +48,23 @@ _SOURCE = Path(__file__).with_name("dispatch.c")
 DISPATCH_DIR = "dispatch"         # below the cache directory: the built extensions
 _MODULE = "_pt_dispatch"
 _FLAGS = ("-O2", "-std=gnu11", "-fvisibility=hidden")
+_TIMEOUT = 120.0                  # seconds: a process waits this long at most at its end
 _LOCK = threading.Lock()
 _LOADED: dict[str, Any] = {}      # digest -> the extension module (or None: not buildable)
+_BUILDS: dict[str, threading.Thread] = {}     # digest -> its build in the background
 _TORCH: tuple[Any, ...] | None = None    # use_torch's arguments
+# Bumped when a background build ends: a function without a dispatcher asks again.
+generation = 0
 
 
-def new_dispatcher(config: Config) -> Any | None:
-    """A new, empty Dispatcher, or None where the extension cannot be built or is off
-    (`config.native_dispatch`)."""
+def new_dispatcher(config: Config, wait: bool = False) -> Any | None:
+    """A new, empty Dispatcher; None where the extension cannot be built, is off
+    (`config.native_dispatch`), or is being built: a cache without it builds it in a
+    background thread (about half a second), so that no call waits, and `generation`
+    changes when it is done (`wait`: build it now instead)."""
     if not config.native_dispatch:
         return None
-    module = _module(config)
+    module = _module(config, wait)
     return None if module is None else module.Dispatcher()
 
 
@@ -73,7 +79,7 @@ def use_torch(types: tuple[type, ...], wrap: Any, pairs: tuple[tuple[Any, Any], 
                 module.use_torch(*_TORCH)
 
 
-def _module(config: Config) -> Any | None:
+def _module(config: Config, wait: bool) -> Any | None:
     try:
         toolchain = detect_toolchain(config)
     except PolytileError:
@@ -84,12 +90,47 @@ def _module(config: Config) -> Any | None:
                           toolchain.version, *_FLAGS, *includes])
     digest = hashlib.sha256(identity.encode()).hexdigest()[:24]
     with _LOCK:
-        if digest not in _LOADED:
-            module = _LOADED[digest] = _build_and_load(config, toolchain, source, includes,
-                                                       digest)
-            if module is not None and _TORCH is not None:
-                module.use_torch(*_TORCH)
-        return _LOADED[digest]
+        if digest in _LOADED:
+            return _LOADED[digest]
+        build = _BUILDS.get(digest)
+        built = not config.disable_disk_cache and _so_path(config, digest).is_file()
+        if build is None and (wait or built):        # loading a built one takes a ms
+            return _store(digest, _build_and_load(config, toolchain, source, includes,
+                                                  digest))
+        if build is None:
+            # Not a daemon: a process that ends first waits for the build to land in
+            # the cache (a daemon's build was cut off before its rename, and every
+            # short process started it again).
+            build = _BUILDS[digest] = threading.Thread(
+                target=_build_in_background, name="polytile-dispatch-build",
+                args=(config, toolchain, source, includes, digest))
+            build.start()
+    if wait:
+        build.join()
+        return _LOADED.get(digest)
+    return None
+
+
+def _build_in_background(config: Config, toolchain: Toolchain, source: str,
+                         includes: tuple[str, ...], digest: str) -> None:
+    global generation
+    module = _build_and_load(config, toolchain, source, includes, digest)
+    with _LOCK:
+        _store(digest, module)
+        _BUILDS.pop(digest, None)
+        generation += 1
+
+
+def _store(digest: str, module: Any | None) -> Any | None:
+    """Record a loaded (or unbuildable) extension; the caller holds _LOCK."""
+    _LOADED[digest] = module
+    if module is not None and _TORCH is not None:
+        module.use_torch(*_TORCH)
+    return module
+
+
+def _so_path(config: Config, digest: str) -> Path:
+    return config.cache_dir / DISPATCH_DIR / f"{_MODULE}-{digest}.so"
 
 
 def _build_and_load(config: Config, toolchain: Toolchain, source: str,
@@ -106,15 +147,17 @@ def _build_and_load(config: Config, toolchain: Toolchain, source: str,
         if config.disable_disk_cache:
             with tempfile.TemporaryDirectory(prefix="polytile-dispatch-") as tmp:
                 return _load(build_shared_object(source, flags, plain,
-                                                 Path(tmp, f"{_MODULE}.so")).so_path)
+                                                 Path(tmp, f"{_MODULE}.so"),
+                                                 timeout=_TIMEOUT).so_path)
         root = ensure_private_dir(config.cache_dir)
         directory = ensure_private_dir(root / DISPATCH_DIR)
-        so_path = directory / f"{_MODULE}-{digest}.so"
+        so_path = _so_path(config, digest)
         locks = ensure_private_dir(root / "locks")
         with exclusive_lock(locks / f"dispatch-{digest}.lock"):
             if not so_path.is_file():
                 build_shared_object(source, flags, plain, so_path,
-                                    source_path=directory / f"{_MODULE}-{digest}.c")
+                                    source_path=directory / f"{_MODULE}-{digest}.c",
+                                    timeout=_TIMEOUT)
         return _load(so_path)
     except (PolytileError, OSError, ImportError) as e:    # BuildError, a cache directory
         log.info("native dispatch off: %s", getattr(e, "message", e))

@@ -46,6 +46,7 @@ pytestmark = pytest.mark.skipif(not _has_python_headers(),
 def modules(tmp_path_factory: pytest.TempPathFactory) -> tuple[pt.Module, pt.Module]:
     """The same functions with the native call path and with the Python path alone."""
     config = Config(cache_dir=tmp_path_factory.mktemp("cache"))
+    assert dispatch.new_dispatcher(config, wait=True) is not None      # built now
     native = pt.define(SOURCE, config=config)
     python = pt.define(SOURCE, config=replace(config, native_dispatch=False))
     return native, python
@@ -249,12 +250,30 @@ def test_off_by_configuration_and_where_it_cannot_be_built(tmp_path: Path,
     assert headless._dispatch is None
 
 
+def test_built_in_the_background_and_taken_up_once_built(tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch
+                                                          ) -> None:
+    """A cache without the extension builds it beside the calls, which take the Python
+    path until it is there (no call waits for the compiler)."""
+    monkeypatch.setattr(dispatch, "_LOADED", {})
+    monkeypatch.setattr(dispatch, "_BUILDS", {})
+    fn = pt.define(SOURCE, config=Config(cache_dir=tmp_path)).add
+    a = np.arange(5, dtype=np.float32)
+    np.testing.assert_array_equal(fn(a, a), 2 * a)       # the kernel compiles
+    assert fn._dispatch is None
+    for build in list(dispatch._BUILDS.values()):
+        build.join()
+    np.testing.assert_array_equal(fn(a, a), 2 * a)       # takes the built call path up
+    assert fn._dispatch is not None and len(fn._dispatch) == 1
+    assert list((tmp_path / dispatch.DISPATCH_DIR).glob("*.so"))
+
+
 def test_cache_clear_removes_the_built_extension(tmp_path: Path,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     from polytile.runtime.cache import clear_cache
     config = Config(cache_dir=tmp_path)
     monkeypatch.setattr(dispatch, "_LOADED", {})
-    assert dispatch.new_dispatcher(config) is not None
+    assert dispatch.new_dispatcher(config, wait=True) is not None
     assert list((tmp_path / dispatch.DISPATCH_DIR).glob("*.so"))
     clear_cache(config)
     assert not (tmp_path / dispatch.DISPATCH_DIR).exists()

@@ -16,6 +16,7 @@ torch = pytest.importorskip("torch", reason="torch is an optional dependency "
 import polytile as pt
 import polytile.torch as ptt
 from polytile.config import Config
+from polytile.runtime import dispatch
 
 SOURCE = """
 def scaled(float s, int32 k, float(M,N) A) -> (C, D) {
@@ -29,6 +30,7 @@ def half(bfloat16(N) A) -> (C) { C(i) = A(i) * 2 }
 @pytest.fixture
 def ops(tmp_path: Path) -> tuple[Any, Any]:
     """The same functions as torch ops, with the native call path and without it."""
+    assert dispatch.new_dispatcher(Config(cache_dir=tmp_path), wait=True) is not None
     native = pt.define(SOURCE, config=Config(cache_dir=tmp_path))
     python = pt.define(SOURCE, config=Config(cache_dir=tmp_path, native_dispatch=False))
     return native, python

@@ -79,6 +79,7 @@ def test_a_cluster_tune_completes_and_a_fresh_process_uses_it_without_compiling(
     assert "tmm: best options" in tuned.stdout
     compiles = log.read_text().count("kernel.c")
     dispatch_builds = _dispatch_builds(log)
+    lines = len(log.read_text().splitlines())
     assert compiles >= 2                       # the workers built the candidates
     db = TuningDatabase(tmp_path / "cache" / "tuning.sqlite3")
     (entry,) = db.entries()
@@ -90,9 +91,10 @@ def test_a_cluster_tune_completes_and_a_fresh_process_uses_it_without_compiling(
     assert used.returncode == 0, used.stderr
     found = json.loads(used.stdout.strip().splitlines()[-1])
     # No kernel compiled, no probe: the winner is cached. The native call path
-    # (runtime/dispatch.c) is built once per cache by the first call that needs it.
+    # (runtime/dispatch.c), once per cache, may have started building in the background.
     assert log.read_text().count("kernel.c") == compiles
-    assert found["invocations"] == _dispatch_builds(log) - dispatch_builds <= 1
+    assert found["invocations"] <= 1
+    assert len(log.read_text().splitlines()) - lines == _dispatch_builds(log) - dispatch_builds
     assert found["error"] < 1e-4
     for name, schedule in entry.options.schedules:
         assert f"{name}:{schedule.text()}" in found["options"]
