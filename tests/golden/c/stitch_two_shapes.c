@@ -161,16 +161,23 @@ static inline pt_vf pt_vtanh(pt_vf x) {
   return pt_vsel(a < 0.625f, small, big);
 }
 static inline pt_vf pt_verf(pt_vf x) {
-  pt_vi neg = x < 0.0f;
-  pt_vf a = pt_vsel(neg, -x, x);
-  pt_vf t = 1.0f / (1.0f + 0.3275911f * a);
-  pt_vf p = pt_vsplat(1.061405429f);
-  p = p * t - 1.453152027f;
-  p = p * t + 1.421413741f;
-  p = p * t - 0.284496736f;
-  p = p * t + 0.254829592f;
-  pt_vf y = 1.0f - p * t * pt_vexp(-(a * a));
-  y = pt_vsel(neg, -y, y);
+  pt_vi above = x >= 3.92f, below = x <= -3.92f;
+  pt_vf c = pt_vsel(above, pt_vsplat(3.92f), pt_vsel(below, pt_vsplat(-3.92f), x));
+  pt_vf t = c * c;
+  pt_vf p = pt_vsplat(1.9977662e-08f);
+  p = p * t - 1.9935765e-06f;
+  p = p * t + 0.00014825651f;
+  p = p * t + 0.0039393012f;
+  p = p * t + 0.05128964f;
+  p = p * t + 0.20530519f;
+  p = p * t + 1.1283787f;
+  pt_vf q = pt_vsplat(0.0010162271f);
+  q = q * t + 0.014820306f;
+  q = q * t + 0.117229715f;
+  q = q * t + 0.5152759f;
+  q = q * t + 1.0f;
+  pt_vf y = c * p / q;
+  y = pt_vsel(above, pt_vsplat(1.0f), pt_vsel(below, pt_vsplat(-1.0f), y));
   return pt_vsel(x != x, x, y);
 }
 static inline pt_vf pt_vsigmoid(pt_vf x) { return 1.0f / (1.0f + pt_vexp(-x)); }
