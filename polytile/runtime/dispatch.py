@@ -3,9 +3,10 @@
 A call through cffi spends most of a small kernel's time in Python: finding the
 kernel by shape, checking each array, allocating the outputs, taking each data
 address (14 us per call of a 16-float add on the Intel Xeon of 2026-11-27, of which
-the kernel is 0.1). `dispatch.c`, a CPython extension built once per machine with the
-host's compiler against this Python's and NumPy's headers, does the same checks in
-C (see its header). Each TCFunction gets a Dispatcher; every kernel compiled for it
+the kernel is 0.1). `dispatch.c`, a CPython extension built once per cache with the
+host's compiler against this Python's and NumPy's headers (in a background thread
+while the first calls take the Python path), does the same checks in C (see its
+header). Each TCFunction gets a Dispatcher; every kernel compiled for it
 (a native one, whose parameters the C side knows) is added as an entry:
 
     dispatcher = new_dispatcher(config)          # None: not buildable here
