@@ -28,6 +28,7 @@ import hashlib
 import importlib.machinery
 import importlib.util
 import logging
+import os
 import sys
 import sysconfig
 import tempfile
@@ -56,6 +57,17 @@ _BUILDS: dict[str, threading.Thread] = {}     # digest -> its build in the backg
 _TORCH: tuple[Any, ...] | None = None    # use_torch's arguments
 # Bumped when a background build ends: a function without a dispatcher asks again.
 generation = 0
+
+
+def _after_fork_in_child() -> None:
+    # The tuner profiles candidates in forked processes: a lock another thread held at
+    # the fork stays held in the child, and no build runs there.
+    global _LOCK
+    _LOCK = threading.Lock()
+    _BUILDS.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def new_dispatcher(config: Config, wait: bool = False) -> Any | None:

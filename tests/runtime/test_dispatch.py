@@ -302,3 +302,30 @@ def test_native_and_python_paths_agree(rows: int, cols: int, layout: str, s: flo
     assert results[0][0] == results[1][0]
     if results[0][0] == "ok":
         np.testing.assert_array_equal(results[0][1], results[1][1])
+
+
+def test_a_forked_child_builds_or_calls_without_the_parents_lock(tmp_path: Path) -> None:
+    """A child forked while another thread held the build lock (the tuner forks) finds a
+    lock of its own and no build in flight, and its calls run."""
+    import os
+    import signal
+    import time
+    a = np.arange(4, dtype=np.float32)
+    with dispatch._LOCK:
+        pid = os.fork()
+        if pid == 0:                                      # the child
+            code = 1
+            try:
+                fn = pt.define(SOURCE, config=Config(cache_dir=tmp_path)).add
+                code = 0 if np.array_equal(fn(a, a), 2 * a) \
+                    and np.array_equal(fn(a, a), 2 * a) else 1
+            finally:
+                os._exit(code)
+    deadline = time.monotonic() + 120
+    while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if done[0] == 0:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        pytest.fail("the forked child hung (the parent's lock?)")
+    assert os.waitstatus_to_exitcode(done[1]) == 0
