@@ -35,10 +35,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from kernel_ab import _zeros, kernel_c, random_arguments  # noqa: E402
+from kernel_ab import _zeros, kernel_c, load_kernel, random_arguments  # noqa: E402
 from polytile.backends import backend_named  # noqa: E402
 from polytile.config import load_config  # noqa: E402
-from polytile.runtime.build import build_shared_object  # noqa: E402
 from polytile.runtime.kernel import SYMBOL  # noqa: E402
 from polytile.runtime.toolchain import Toolchain, detect_toolchain  # noqa: E402
 from polytile.targets.target import select_target  # noqa: E402
@@ -75,10 +74,18 @@ static inline void pt_member(int k) {   /* k < 0: after the last member */
 """
 
 
+def _split(source: str) -> tuple[str, str, str]:
+    """The C before the kernel function, its first words, and the rest."""
+    head, sep, body = source.rpartition(f"int32_t {SYMBOL}(")
+    if not sep:
+        raise SystemExit("no kernel function in the C")
+    return head, sep, body
+
+
 def instrument_members(source: str, block: str) -> tuple[str, list[str]]:
     """The C with a clock read before each member of fused block `block` and at the end
     of its row loop's body, and the members' names in order."""
-    head, sep, body = source.rpartition(f"int32_t {SYMBOL}(")
+    head, sep, body = _split(source)
     names: list[str] = []
     lines: list[str] = []
     inside = False
@@ -102,11 +109,7 @@ def instrument_members(source: str, block: str) -> tuple[str, list[str]]:
 def instrument(source: str) -> tuple[str, list[str]]:
     """The C with a clock read before each top-level block and before the return, and
     the blocks' names in order."""
-    head, sep, body = source.rpartition(f"int32_t {SYMBOL}(")
-    if not sep:
-        head, sep, body = source.rpartition("int32_t polytile_kernel(")
-    if not sep:
-        raise SystemExit("no kernel function in the C")
+    head, sep, body = _split(source)
     names: list[str] = []
     lines = []
     for line in body.split("\n"):
@@ -151,11 +154,7 @@ def main() -> int:
                                 fn.name)
     code, names = instrument(source)
     with tempfile.TemporaryDirectory() as tmp:
-        so = Path(tmp, "profiled.so")
-        build_shared_object(code.replace("int32_t polytile_kernel(", f"int32_t {SYMBOL}("),
-                            flags, toolchain, so)
-        library = ctypes.CDLL(str(so))
-        kernel = getattr(library, SYMBOL)
+        library, kernel = load_kernel(code, flags, toolchain, Path(tmp, "profiled.so"))
         marks = (ctypes.c_int64 * 256).in_dll(library, "pt_marks")
         count = ctypes.c_int32.in_dll(library, "pt_nmarks")
         err = (ctypes.c_int64 * 4)()
@@ -183,10 +182,7 @@ def _profile_members(source: str, args: argparse.Namespace, arrays: list[np.ndar
                      flags: tuple[str, ...], toolchain: Toolchain, name: str) -> int:
     code, names = instrument_members(source, args.members)
     with tempfile.TemporaryDirectory() as tmp:
-        so = Path(tmp, "profiled.so")
-        build_shared_object(code, flags, toolchain, so)
-        library = ctypes.CDLL(str(so))
-        kernel = getattr(library, SYMBOL)
+        library, kernel = load_kernel(code, flags, toolchain, Path(tmp, "profiled.so"))
         spent = (ctypes.c_double * 256).in_dll(library, "pt_member_ns")
         err = (ctypes.c_int64 * 4)()
         pointers = (ctypes.c_void_p * len(arrays))(*[a.ctypes.data for a in arrays])

@@ -39,7 +39,7 @@ from polytile.backends import backend_named  # noqa: E402
 from polytile.config import load_config  # noqa: E402
 from polytile.runtime.build import build_shared_object  # noqa: E402
 from polytile.runtime.kernel import SYMBOL  # noqa: E402
-from polytile.runtime.toolchain import detect_toolchain  # noqa: E402
+from polytile.runtime.toolchain import Toolchain, detect_toolchain  # noqa: E402
 from polytile.sema.specialize import specialize  # noqa: E402
 from polytile.targets.target import select_target  # noqa: E402
 
@@ -52,6 +52,14 @@ def kernel_c(checkout: Path, tc: Path, sizes: str, target: str | None) -> str:
     env = {**os.environ, "PYTHONPATH": str(checkout)}
     return subprocess.run(command, env=env, cwd=checkout, check=True, capture_output=True,
                           text=True).stdout
+
+
+def load_kernel(source: str, flags: tuple[str, ...], toolchain: Toolchain,
+                so_path: Path) -> tuple[ctypes.CDLL, Any]:
+    """Build `source` into `so_path`; the library and its kernel function."""
+    build_shared_object(source, flags, toolchain, so_path)
+    library = ctypes.CDLL(str(so_path))
+    return library, getattr(library, SYMBOL)
 
 
 def main() -> int:
@@ -83,10 +91,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         for side, checkout in (("before", args.before), ("after", args.after)):
             source = kernel_c(checkout.resolve(), args.tc.resolve(), args.sizes, args.target)
-            so = Path(tmp, f"{side}.so")
-            build_shared_object(source.replace("int32_t polytile_kernel(",
-                                               f"int32_t {SYMBOL}("), flags, toolchain, so)
-            kernels[side] = getattr(ctypes.CDLL(str(so)), SYMBOL)
+            _, kernels[side] = load_kernel(source, flags, toolchain, Path(tmp, f"{side}.so"))
             outputs[side] = [_zeros(s, args.out_offset) for s in outputs_shapes]
         err = (ctypes.c_int64 * 4)()
         times: dict[str, list[float]] = {side: [] for side in kernels}

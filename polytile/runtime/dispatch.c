@@ -229,6 +229,19 @@ static int integer_value(PyObject *a, long long *v)
     return 1;
 }
 
+/* Whether a tensor of this shape, or this integer argument, is what parameter p of an
+   entry was compiled for (TCFunction._key: shapes and integer scalars). */
+static int same_shape(const Param *p, int ndim, const npy_intp *dims)
+{
+    return ndim == p->ndim && memcmp(dims, p->dims, ndim * sizeof(npy_intp)) == 0;
+}
+
+static int same_integer(const Param *p, PyObject *a)
+{
+    long long v;
+    return integer_value(a, &v) && v == p->value;
+}
+
 /* Whether args (a tuple of the function's arity) match the entry's shapes and integers. */
 static int matches(const Entry *e, PyObject *args)
 {
@@ -236,16 +249,11 @@ static int matches(const Entry *e, PyObject *args)
         const Param *p = &e->params[k];
         PyObject *a = PyTuple_GET_ITEM(args, k);
         if (p->kind == P_TENSOR) {
-            if (!PyArray_CheckExact(a))
+            if (!PyArray_CheckExact(a) || !same_shape(p, PyArray_NDIM((PyArrayObject *)a),
+                                                      PyArray_DIMS((PyArrayObject *)a)))
                 return 0;
-            PyArrayObject *arr = (PyArrayObject *)a;
-            if (PyArray_NDIM(arr) != p->ndim
-                    || memcmp(PyArray_DIMS(arr), p->dims, p->ndim * sizeof(npy_intp)) != 0)
-                return 0;
-        } else if (p->kind == P_INT) {
-            long long v;
-            if (!integer_value(a, &v) || v != p->value)
-                return 0;
+        } else if (p->kind == P_INT && !same_integer(p, a)) {
+            return 0;
         }
     }
     return 1;
@@ -590,12 +598,10 @@ static PyObject *dispatcher_torch(Dispatcher *self, PyObject *call_args)
         int match = 1;
         for (Py_ssize_t j = 0; match && j < n; j++) {
             const Param *p = &e->params[j];
-            long long v;
             if (p->kind == P_TENSOR)
-                match = tensor[j] && views[j].ndim == p->ndim
-                    && memcmp(views[j].dims, p->dims, p->ndim * sizeof(npy_intp)) == 0;
+                match = tensor[j] && same_shape(p, views[j].ndim, views[j].dims);
             else if (p->kind == P_INT)
-                match = integer_value(PyTuple_GET_ITEM(call_args, j), &v) && v == p->value;
+                match = same_integer(p, PyTuple_GET_ITEM(call_args, j));
         }
         if (match) {
             e->refs++;
