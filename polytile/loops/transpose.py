@@ -14,6 +14,12 @@ off-diagonal blocks (block sizes 1, 2, 4, ... L/2), and L vector stores write ro
 a1 = a0 + t of the destination. A scalar copy would touch one element per
 instruction, with every store (or load) in a different cache line.
 
+A copy may carry elementwise float32 work on the way (pass outlayout folds a bias after
+a convolution into its copy): loads of other views that do not move along the
+destination's unit-stride index i, constants and intrinsics, ending in the store. They
+run on each transposed row before its store, the other views read once per row (a
+scalar, broadcast), where that row is stored at all.
+
 Used for float32 blocks whose constraints only bound the destination's index; anything
 else returns None and is lowered as scalar loops.
 """
@@ -23,7 +29,7 @@ from typing import TYPE_CHECKING
 
 from polytile import dtypes
 from polytile.analysis.vectorizable import MASKED_LANES
-from polytile.ir.nodes import Affine, Block, Load, Refinement, Store
+from polytile.ir.nodes import Affine, Block, Constant, Intrinsic, Load, Refinement, Store
 from polytile.loops import nodes as L
 from polytile.loops.views import Scope, child_view, fixed_indices, resolve, safe
 
@@ -47,18 +53,18 @@ def lower_block(low: "Lowering", blk: Block, outer: Scope) -> list[L.Stmt] | Non
     lanes = low.vector_lanes or blk.schedule.transpose          # the function's vector width
     if lanes not in MASKED_LANES:
         return None
-    if len(blk.stmts) != 2 or not isinstance(blk.stmts[0], Load) \
-            or not isinstance(blk.stmts[1], Store) or blk.stmts[0].dynamic:
+    if len(blk.stmts) < 2 or not isinstance(blk.stmts[0], Load) \
+            or not isinstance(blk.stmts[-1], Store) or blk.stmts[0].dynamic:
         return None
-    load, store = blk.stmts
+    load, store, work = blk.stmts[0], blk.stmts[-1], blk.stmts[1:-1]
     src, dst = blk.ref(load.ref), blk.ref(store.ref)
-    if store.value != load.into or dst.agg != "assign" or any(
+    if (store.value != load.into and not work) or dst.agg != "assign" or any(
             r.shape.dtype != dtypes.FLOAT32 for r in (src, dst)):
         return None
     ranges = {i.name: i.range for i in blk.idxs if i.affine is None}
     i, a = _unit_index(dst, set(ranges)), _unit_index(src, set(ranges))
     if i is None or a is None or i == a or any(x.coeff(a) for x in dst.access[-1:]) \
-            or sum(1 for x in src.access if x.coeff(a)) != 1:
+            or sum(1 for x in src.access if x.coeff(a)) != 1 or not _row_work(blk, work, i):
         return None
     idx = fixed_indices(blk, outer.idx)
     # Constraints may only bound i or a from above: x <= bound (over other indices).
@@ -97,7 +103,17 @@ def lower_block(low: "Lowering", blk: Block, outer: Scope) -> list[L.Stmt] | Non
     whole: list[L.Stmt] = [L.Var(r, vtype, L.Read(src_view.ptr, src_view.offset + t * si,
                                                   lanes)) for t, r in enumerate(rows)]
     whole += _transpose(low, rows, vtype)
-    whole += [L.Store(dst_view.ptr, dst_view.offset + t * da, r) for t, r in enumerate(rows)]
+
+    def row(t: int, r: str, count: Affine | None) -> list[L.Stmt]:
+        """Row t's elementwise work on its transposed vector `r`, then its store."""
+        at = dict(idx)
+        at[a] = Affine.index(a0) + t
+        out: list[L.Stmt] = []
+        value = _row_value(low, blk, outer, work, load.into, r, store.value, at, vtype, out)
+        return out + [L.Store(dst_view.ptr, dst_view.offset + t * da, value, count=count)]
+
+    for t, r in enumerate(rows):
+        whole += row(t, r, None)
     edge: list[L.Stmt] = []
     for t, r in enumerate(rows):
         edge += [L.Var(r, vtype, L.Lit(0.0)),
@@ -105,8 +121,7 @@ def lower_block(low: "Lowering", blk: Block, outer: Scope) -> list[L.Stmt] | Non
                      src_view.ptr, src_view.offset + t * si, lanes, Affine.index(na))),))]
     edge += _transpose(low, rows, vtype)
     for t, r in enumerate(rows):
-        edge.append(L.If((left(na, t),), (L.Store(dst_view.ptr, dst_view.offset + t * da, r,
-                                                   count=Affine.index(nr)),)))
+        edge.append(L.If((left(na, t),), tuple(row(t, r, Affine.index(nr)))))
     tile: list[L.Stmt] = [
         L.Let(nr, INT64, L.IntValue(L.IMin((
             Affine.constant(lanes), Affine.index(ni) - Affine.index(i0))))),
@@ -122,6 +137,69 @@ def lower_block(low: "Lowering", blk: Block, outer: Scope) -> list[L.Stmt] | Non
         (var,) = idx[n].names
         body = [L.Loop(var, Affine.constant(0), Affine.constant(ranges[n]), tuple(body))]
     return [L.Comment(f"block {safe(blk.name)}: {lanes}x{lanes} transposes"), *body]
+
+
+def _row_work(blk: Block, work: tuple[object, ...], i: str) -> bool:
+    """Whether `work` is elementwise float32 work that stays the same along i: loads of
+    other views (not moving with i, no data-dependent subscript), constants, intrinsics."""
+    for st in work:
+        if isinstance(st, Load):
+            ref = blk.ref(st.ref)
+            if st.dynamic or st.offset is not None or ref.shape.dtype != dtypes.FLOAT32 \
+                    or any(x.coeff(i) for x in ref.access):
+                return False
+        elif isinstance(st, Intrinsic):
+            if st.dtype != dtypes.FLOAT32:
+                return False
+        elif not isinstance(st, Constant):
+            return False
+    return True
+
+
+def _row_value(low: "Lowering", blk: Block, outer: Scope, work: tuple[object, ...], x: str,
+               row: str, result: str, at: dict[str, Affine], vtype: L.VType,
+               out: list[L.Stmt]) -> str:
+    """The loop IR name of `result` for one destination row, where IR scalar `x` is the
+    row's vector `row` and the other loads are read at `at` (scalars, broadcast where a
+    vector op needs them)."""
+    names: dict[str, tuple[str, bool]] = {x: (row, True)}
+    scalar_type = L.VType(dtypes.FLOAT32)
+    for st in work:
+        if isinstance(st, Load):
+            ref = blk.ref(st.ref)
+            view = child_view(ref, outer.views[ref.from_], at)
+            name = low.fresh("s")
+            out.append(L.Let(name, scalar_type, L.Read(view.ptr, view.offset)))
+            names[st.into] = (name, False)
+        elif isinstance(st, Constant):
+            name = low.fresh("s")
+            out.append(L.Let(name, scalar_type, L.Lit(float(st.value))))
+            names[st.into] = (name, False)
+        else:
+            assert isinstance(st, Intrinsic)
+            args = [names[n] for n in st.inputs]
+            if not any(v for _, v in args):
+                name = low.fresh("s")
+                out.append(L.Let(name, scalar_type, L.Op(st.op, tuple(n for n, _ in args),
+                                                         dtypes.FLOAT32)))
+                names[st.into] = (name, False)
+                continue
+            vectors = []
+            for n, is_vector in args:
+                if not is_vector:
+                    b = low.fresh("v")
+                    out.append(L.Let(b, vtype, L.Broadcast(n)))
+                    n = b
+                vectors.append(n)
+            name = low.fresh("v")
+            out.append(L.Let(name, vtype, L.Op(st.op, tuple(vectors), dtypes.FLOAT32)))
+            names[st.into] = (name, True)
+    value, is_vector = names[result]
+    if not is_vector:
+        b = low.fresh("v")
+        out.append(L.Let(b, vtype, L.Broadcast(value)))
+        return b
+    return value
 
 
 def _transpose(low: "Lowering", rows: list[str], vtype: L.VType) -> list[L.Stmt]:

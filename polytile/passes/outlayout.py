@@ -72,7 +72,13 @@ def outlayout(fn: N.Function, target: Target, params: dict[str, Any]) -> N.Funct
         top[name] = local
         stmts[k - 1] = _redirected(init, out.from_, name, order, copy)
         stmts[k] = _redirected(block, out.from_, name, order, copy)
-        stmts.insert(k + 1, _transpose(f"{block.name}_out", local, buffer, order, lanes))
+        copy_block = _transpose(f"{block.name}_out", local, buffer, order, lanes)
+        after = stmts[k + 1] if k + 1 < len(stmts) else None
+        folded = _with_epilogue(copy_block, after, buffer) if after is not None else None
+        if folded is not None:
+            stmts[k + 1] = folded
+        else:
+            stmts.insert(k + 1, copy_block)
         k += 2
     return replace(fn, body=replace(fn.body, refs=tuple(refs), stmts=tuple(stmts)))
 
@@ -147,6 +153,59 @@ def _transpose(name: str, local: N.Refinement, buffer: N.Refinement, order: list
     stmts = (N.Load("$x", local.into), N.Store(buffer.into, "$x"))
     return N.Block(name, idxs, (), (src, dst), stmts, frozenset({"kernel", "pack"}),
                    schedule=N.BlockSchedule(transpose=lanes))
+
+
+def _with_epilogue(copy: N.Block, after: N.Statement, buffer: N.Refinement) -> N.Block | None:
+    """The copy block with the elementwise statement `after` it done on the way, when that
+    statement only rewrites each element of the output from itself and from views that
+    stay the same along the output's unit-stride dimension (a bias per channel); else
+    None. The copy then writes each element once, and the transpose's lowering does the
+    work per stored row (polytile.loops.transpose)."""
+    if not isinstance(after, N.Block) or after.constraints or \
+            any(i.affine is not None for i in after.idxs) or \
+            any(isinstance(st, (N.Block, N.Special, N.LoadIndex)) for st in after.stmts):
+        return None
+    mine = [r for r in after.refs if r.from_ == buffer.into]
+    if len(mine) != 1 or mine[0].dir != "inout" or mine[0].agg != "assign":
+        return None
+    view = mine[0]
+    ranges = {i.name: i.range for i in after.idxs}
+    names = [a.names[0] if len(a.terms) == 1 and not a.const and a.coeff(a.names[0]) == 1
+             else None for a in view.access]
+    if None in names or len(set(names)) != len(names) or set(names) != set(ranges) or \
+            [ranges[str(n)] for n in names] != list(buffer.shape.sizes):
+        return None
+    rename = {str(n): N.Affine.index(f"a{d}") for d, n in enumerate(names)}
+    unit = f"a{len(names) - 1}"
+    others = [replace(r, access=tuple(a.substitute(rename) for a in r.access))
+              for r in after.refs if r is not view]
+    if any(r.dir != "in" or r.from_ == buffer.into or any(a.coeff(unit) for a in r.access)
+           or r.into in {c.into for c in copy.refs} for r in others):
+        return None
+    loads = [st for st in after.stmts if isinstance(st, N.Load) and st.ref == view.into]
+    stores = [st for st in after.stmts if isinstance(st, N.Store)]
+    if len(loads) != 1 or loads[0].dynamic or loads[0].offset is not None or \
+            len(stores) != 1 or stores[0] is not after.stmts[-1] or stores[0].dynamic or \
+            stores[0].ref != view.into:
+        return None
+    first, last = copy.stmts
+    assert isinstance(first, N.Load) and isinstance(last, N.Store)
+    taken = {st.into for st in after.stmts if isinstance(st, (N.Load, N.Constant, N.Intrinsic))}
+    if first.into in taken:
+        return None
+    subst = {loads[0].into: first.into}
+    work: list[N.Statement] = []
+    for st in after.stmts[:-1]:
+        if st is loads[0]:
+            continue
+        if isinstance(st, N.Intrinsic):
+            st = replace(st, inputs=tuple(subst.get(x, x) for x in st.inputs))
+        elif isinstance(st, N.Load) and (st.dynamic or st.offset is not None):
+            return None
+        work.append(st)
+    value = subst.get(stores[0].value, stores[0].value)
+    return replace(copy, refs=copy.refs + tuple(others),
+                   stmts=(first, *work, replace(last, value=value)))
 
 
 register("outlayout", outlayout, enabled=flag)
