@@ -23,7 +23,9 @@ or why not. The conditions:
   micro-kernel (no dot product: its vector index is written; no unrolled reduction
   index, whose copies would each store) with one store, that reaches
   the buffer through one view per level, writes it with one aggregation and never reads
-  it; no level combines it across threads or has a schedule beyond a parallel loop (a
+  it, except in blocks that end a level above the leaf and read, in each iteration of the
+  level, only what the chain below wrote in it, final (`analysis.sink`, pass sink); no
+  level combines it across threads or has a schedule beyond a parallel loop (a
   tensorized block, pass tensorize, is such a micro-kernel: its register tiles sum the
   whole reduction before their one store, and it has no outer reduction indices);
 * constraints bound reduction indices (those the written element does not depend on)
@@ -42,6 +44,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from polytile.analysis.overwrite import touches
+from polytile.analysis.sink import final_reads
 from polytile.ir.nodes import (
     AGG_IDENTITY,
     Affine,
@@ -71,6 +74,13 @@ def fold(scope: Scope, k: int, j: int) -> tuple[str, ...] | str:
     levels = chain(contraction)
     if not levels:
         return f"block {contraction.name} is not a chain of blocks ending in a leaf"
+    level_scope = scope.child(contraction)
+    for level in levels[:-1]:
+        if len(level.stmts) > 1:
+            why = final_reads(level_scope)
+            if why is not None:
+                return why
+        level_scope = level_scope.child(level.stmts[0])
     views = _views(levels, buffer, value)
     if isinstance(views, str):
         return views
@@ -89,13 +99,17 @@ def fold(scope: Scope, k: int, j: int) -> tuple[str, ...] | str:
 
 
 def chain(block: Block) -> list[Block]:
-    """`block` and the blocks nested one in the other below it, down to a leaf."""
+    """`block` and the blocks nested one in the other below it, down to a leaf. A level
+    above the leaf may end with more blocks after the next level (readers of what it
+    wrote, pass sink), which `fold` proves harmless."""
     levels = [block]
     while True:
-        inner = [st for st in levels[-1].stmts if isinstance(st, Block)]
-        if len(inner) != 1 or len(levels[-1].stmts) != 1:
-            return levels if not inner else []
-        levels.append(inner[0])
+        stmts = levels[-1].stmts
+        if not any(isinstance(st, Block) for st in stmts):
+            return levels
+        if not all(isinstance(st, Block) for st in stmts):
+            return []
+        levels.append(stmts[0])
 
 
 def with_leaf(block: Block, edit: Callable[[Block], Block]) -> Block:
@@ -103,7 +117,7 @@ def with_leaf(block: Block, edit: Callable[[Block], Block]) -> Block:
     levels = chain(block)
     new = edit(levels[-1])
     for level in reversed(levels[:-1]):
-        new = replace(level, stmts=(new,))
+        new = replace(level, stmts=(new, *level.stmts[1:]))
     return new
 
 
@@ -111,7 +125,7 @@ def _filled(init: Block) -> tuple[str, float] | None:
     """The parent buffer the init fills, level by level through one assigning view, and
     the constant it fills it with."""
     levels = chain(init)
-    if not levels:
+    if not levels or any(len(level.stmts) != 1 for level in levels[:-1]):
         return None
     for level in levels:
         if len(level.refs) != 1 or level.refs[0].dir != "out" or level.refs[0].agg != "assign":
@@ -129,7 +143,9 @@ def _views(levels: list[Block], buffer: str, value: float) -> list[Refinement] |
     views, name = [], buffer
     for level in levels:
         found = [r for r in level.refs if r.from_ == name]
-        if len(found) != 1 or found[0].dir != "out":
+        # inout where later statements of the level read it (proved by `final_reads`)
+        dirs = ("out", "inout") if len(level.stmts) > 1 else ("out",)
+        if len(found) != 1 or found[0].dir not in dirs:
             return f"block {level.name} must write {name} through one view and read none of it"
         if AGG_IDENTITY.get(found[0].agg) != value:
             return (f"{buffer} starts at {value}, not the identity of block {level.name}'s "

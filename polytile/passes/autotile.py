@@ -38,6 +38,7 @@ from polytile.ir.verify import contiguous_along
 from polytile.passes.pipeline import register
 from polytile.passes.schedule import (PAGE_BYTES, Schedule, _is_parallel, apply_schedule,
                                       check_schedule, panel_index, thread_loop)
+from polytile.passes.sink import chunk_tiles
 from polytile.targets.target import Target
 
 VECTOR_DTYPES = ("float32", "float64", "int32", "int64")
@@ -578,17 +579,32 @@ def autotile(fn: N.Function, target: Target, params: dict[str, Any]) -> N.Functi
     for k in kernels:
         if k.name in given:
             check_schedule(k, given[k.name], target)
-    stmts = []
+    stmts: list[N.Statement] = []
     for s in fn.body.stmts:
         if _is_leaf_kernel(s):
             assert isinstance(s, N.Block)
-            s = apply_schedule(s, given.get(s.name) or choose_schedule(s, target), fn.body)
+            schedule = given.get(s.name) or _following(stmts, s, choose_schedule(s, target),
+                                                       target)
+            s = apply_schedule(s, schedule, fn.body)
         elif isinstance(s, N.Block) and "fused" in s.tags:
             s = _schedule_fused(s, target, given)
         elif isinstance(s, N.Block) and "stitched" in s.tags:
             s = _schedule_stitched(s, target, given)
         stmts.append(s)
     return replace(fn, body=replace(fn.body, stmts=tuple(stmts)))
+
+
+def _following(done: list[N.Statement], block: N.Block, schedule: Schedule,
+               target: Target) -> Schedule:
+    """`schedule`, with cache tiles that are the chunks the block before writes in an
+    iteration where `block` only reads those (pass sink then runs it inside that block,
+    reading each chunk from L2)."""
+    if not done or not isinstance(done[-1], N.Block) or "tiled" not in done[-1].tags:
+        return schedule
+    tiles = chunk_tiles(done[-1], block, target.cache_size("L2") // 2)
+    if tiles is None:
+        return schedule
+    return replace(schedule, tiles=tuple(sorted(tiles.items())), order=())
 
 
 def _kernel_blocks(s: N.Statement) -> list[N.Block]:

@@ -103,4 +103,4 @@ def _load_passes() -> None:
     """Import the pass modules; each registers itself in PASSES."""
     from polytile.passes import (  # noqa: F401
         autotile, collapse, fold, fuse, gathercopy, gpu, merge, nextrow, outlayout, pack,
-        ptrinc, reorder, rowbuffer, scratch, stream, tensor_cores, tensorize)
+        ptrinc, reorder, rowbuffer, scratch, sink, stream, tensor_cores, tensorize)

@@ -1,0 +1,61 @@
+"""Whether the blocks after a block's first statement read only final values of it.
+
+A block `P` whose statements are a block `W` and then blocks `R...` (pass `sink` puts a
+copy of what `W` wrote into `P` this way, so that it reads each chunk while it is in
+cache) computes what `P` then `R` computed before when, in every iteration of `P`:
+
+* every element `R` reads of a view that `W` writes, `W` writes in the same iteration
+  of `P` (so it was written before `R` reads it), and no other iteration of `P` writes
+  it (so it is final when `R` reads it);
+* `R` writes no view that `W` touches (a later iteration of `W` would see it) and does
+  not write what it reads.
+
+`final_reads(scope)` answers for scope's block with isl (polytile.ir.polyhedra), exactly;
+pass `sink` asks it of each block it makes, and `analysis.fold` of a contraction level
+that ends with such readers.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from polytile.ir.nodes import Block
+from polytile.ir.polyhedra import READ, WRITE, Scope, element_vars, footprint, to_set, \
+    writes_disjoint
+
+
+def final_reads(scope: Scope) -> str | None:
+    """None when scope's block is `W` then readers `R...` as the module says, else why not."""
+    block = scope.block
+    if len(block.stmts) < 2 or not all(isinstance(st, Block) for st in block.stmts):
+        return f"block {block.name} is not a block followed by blocks"
+    writer, readers = block.stmts[0], block.stmts[1:]
+    assert isinstance(writer, Block)
+    for ref in block.refs:
+        rank = len(ref.shape.dims)
+        free = scope.variables + element_vars(scope.depth, rank)
+        written = footprint(_only(scope, writer), ref.into, WRITE)
+        read_by_writer = footprint(_only(scope, writer), ref.into, READ)
+        for reader in readers:
+            assert isinstance(reader, Block)
+            mine = _only(scope, reader)
+            if footprint(mine, ref.into, WRITE) and (written or read_by_writer):
+                return f"block {reader.name} writes {ref.into}, which {writer.name} touches"
+            if footprint(mine, ref.into, WRITE) and footprint(mine, ref.into, READ):
+                return f"block {reader.name} reads and writes {ref.into}"
+            reads = footprint(mine, ref.into, READ)
+            if not reads or not written:
+                continue
+            if not to_set(free, [reads]).is_subset(to_set(free, [written])):
+                return (f"block {reader.name} reads elements of {ref.into} that {writer.name} "
+                        "does not write in the same iteration")
+        if written and any(footprint(_only(scope, r), ref.into, READ) for r in readers):
+            alone = replace(block, stmts=(writer,))
+            for index in block.idxs:
+                if index.affine is None and not writes_disjoint(alone, index.name):
+                    return (f"two iterations of {block.name} write the same element of "
+                            f"{ref.into} (along {index.name})")
+    return None
+
+
+def _only(scope: Scope, st: Block) -> Scope:
+    return replace(scope, block=replace(scope.block, stmts=(st,)))
