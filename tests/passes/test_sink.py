@@ -9,6 +9,8 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import polytile as pt
 from polytile.analysis.sink import final_reads
@@ -21,7 +23,7 @@ from polytile.passes.pipeline import run_pipeline
 from polytile.passes.sink import sink
 from polytile.targets.target import host_features, load_target, supports
 
-from .helpers import block, check_pass, lowered, target, with_block
+from .helpers import assert_same_meaning, block, check_pass, lowered, target, with_block
 
 AVX512, AVX2 = target("cpu-avx512"), target("cpu-avx2")
 
@@ -76,6 +78,17 @@ def test_a_reader_across_chunks_is_refused() -> None:
     assert final_reads(Scope.root(after.body).child(s0)) is None
     with pytest.raises(IRError):
         verify(with_block(after, "s0", bad))
+
+
+@settings(max_examples=6, deadline=None)
+@given(n=st.integers(1, 3), g=st.sampled_from([3, 8, 32]), c=st.sampled_from([8, 16]),
+       h=st.integers(4, 7), w=st.integers(4, 7))
+def test_the_move_keeps_the_meaning(n: int, g: int, c: int, h: int, w: int) -> None:
+    """Whatever chunks autotile picks (sunk or not), the IR means what it meant."""
+    before = _scheduled(AVX512, _gconv(n, g, c, h, w))
+    after = sink(before, AVX512, {})
+    verify(after)
+    assert_same_meaning(before, after, seeds=(n,))
 
 
 RUNNABLE = [t for t in ("cpu-avx512", "cpu-avx2") if supports(load_target(t), host_features())]
