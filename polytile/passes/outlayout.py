@@ -28,8 +28,10 @@ vector. The output index taken is the last such one (the channels of an NKHW out
 A contraction inside a fused row loop (pass fuse: weights under half of L1) is left alone.
 Intel Xeon, two threads, this pass off against on (`benchmarks/option_ab.py`): the 3 x 3
 64 -> 64 convolution at 56 x 56 0.74-0.80x the time on cpu-avx512 and 0.92-0.93x on
-cpu-avx2; the TC paper's group convolution 1.01-1.05x on cpu-avx512 (its 6.4 MB output's
-transpose costs what the contraction gains) and 0.78-0.83x on cpu-avx2.
+cpu-avx2; the TC paper's group convolution 1.01-1.05x on cpu-avx512 while its 9.4 MB
+output's transpose cost what the contraction gained, 0.82x since its bias is added in the
+transpose and the transpose runs in the contraction (pass sink; 8.20 against 9.99 ms),
+and 0.78-0.83x on cpu-avx2.
 
 Parameters: `enabled` (default true).
 """
