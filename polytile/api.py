@@ -433,16 +433,17 @@ def define_like(fn: TCFunction, source: str, name: str) -> Module:
                   config=compiler.config if compiler else None)
 
 
-def grad(fn: TCFunction, saved: bool = False) -> Module:
+def grad(fn: TCFunction, saved: bool = False, wrt: Sequence[str] | None = None) -> Module:
     """The gradient of a TC function, as a Module with one function, `<name>_grad`.
 
     It takes `fn`'s arguments followed by one gradient per floating-point output (with
     `saved=True`, the saved forward values in between: see polytile.autodiff) and
-    returns the gradient of each floating-point input, in order. Its TC text is
-    `grad(fn).source`; it compiles, tunes and caches like any TC function.
+    returns the gradient of each floating-point input (of those named in `wrt`), in
+    order. Its TC text is `grad(fn).source`; it compiles, tunes and caches like any TC
+    function.
     """
     from polytile.autodiff import backward
-    derived = backward(fn.fn, saved=saved)
+    derived = backward(fn.fn, saved=saved, wrt=wrt)
     module = define_like(fn, derived.source, f"<grad of {fn.name}>")
     inner = module._functions[derived.name]
     checked = _SeededFunction(inner.fn, inner.backend, inner.compiler, forward=fn.fn,

@@ -3,7 +3,7 @@
     polytile check FILE.tc [--sizes M=128,K=64]
     polytile show FILE.tc --stage ast|program|plan|ir|loops|c [--sizes ...] [--function NAME] [--target T]
                            (loops and c, or any stage of the target's backend)
-    polytile grad FILE.tc [--name NAME] [--saved]
+    polytile grad FILE.tc [--name NAME] [--saved] [--wrt W,B]
     polytile targets
     polytile instructions [FILE.tc --sizes M=64,K=64 [--function NAME]]
     polytile sanitize [--with address,undefined] -- COMMAND [ARGS...]
@@ -98,7 +98,7 @@ def cmd_grad(args: argparse.Namespace) -> int:
     from polytile.autodiff import backward, forward_saving
 
     for fn in _functions(args.file, args.name):
-        derived = backward(fn, saved=args.saved)
+        derived = backward(fn, saved=args.saved, wrt=args.wrt)
         if args.saved:
             print(forward_saving(fn, derived.saved))
         print(derived.source)
@@ -396,6 +396,9 @@ def main(argv: list[str] | None = None) -> int:
     grad.add_argument("--saved", action="store_true",
                       help="read the forward's intermediate values instead of recomputing "
                            "them, and print the forward that returns them first")
+    grad.add_argument("--wrt", type=lambda text: [x for x in text.split(",") if x],
+                      default=None, help="only the gradients of these inputs, e.g. w,b "
+                                         "(default: every floating-point input)")
     grad.set_defaults(run=cmd_grad)
     targets = sub.add_parser("targets", help="list the shipped targets, their backends and "
                              "features, and whether this host runs them")

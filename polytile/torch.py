@@ -17,7 +17,10 @@ Three ways through, one meaning:
 
 With gradients, the forward that runs is `polytile.autodiff.forward_saving`: it also
 returns the intermediate values the derived gradient reads, which torch keeps for the
-backward; the callable returns only the function's own outputs.
+backward; the callable returns only the function's own outputs. In eager mode the
+backward computes only the gradients autograd asks for (`needs_input_grad`): an input
+that does not require grad (a batch of data) costs nothing, through a gradient function
+derived for the others alone (`backward(..., wrt=...)`), compiled once per such set.
 
 Tensors reach the kernels as NumPy views of their memory and outputs are wrapped
 without a copy; non-contiguous inputs (a transpose, channels-last) are copied by the
@@ -95,6 +98,7 @@ class _Op:
         self.tensors = [k for k, p in enumerate(self.params) if p.kind == "input"]
         computed = {name: k for k, (name, _) in enumerate(self.derived.gradients)}
         self.gradient_of = [computed.get(p.name) for p in self.params]
+        self.variants: dict[frozenset[str], tuple[TCFunction, list[int], list[int | None]]] = {}
         self.custom = _custom(self.forward, base)
         custom_gradient = _custom(self.gradient, base + "_grad")
         self.custom.register_autograd(
@@ -129,19 +133,49 @@ class _Op:
                            for k in self.seeds]
 
     def backward(self, ctx: Any, grads: tuple[Any, ...],
-                 gradient: Callable[..., Any] | None = None) -> tuple[Any, ...]:
-        """The inputs' gradients (None for those without one) from the outputs'."""
+                 gradient: Callable[..., Any] | None = None,
+                 needs: tuple[bool, ...] | None = None) -> tuple[Any, ...]:
+        """The inputs' gradients (None for those without one) from the outputs'. With
+        `needs` (autograd's needs_input_grad), only those inputs' gradients are computed:
+        a gradient function derived for them alone, compiled once per such set."""
+        tc, picked, gradient_of = self.gradient, None, self.gradient_of
+        if needs is not None:
+            wanted = frozenset(p.name for k, p in enumerate(self.params)
+                               if self.gradient_of[k] is not None and needs[k])
+            if len(wanted) < len(self.derived.gradients):   # type: ignore[union-attr]
+                if not wanted:
+                    return (None,) * len(self.params)
+                tc, picked, gradient_of = self._variant(wanted)
+                gradient = None
         kept = list(ctx.saved_tensors)
         inputs = iter(kept[:len(self.tensors)])
         args = [next(inputs) if p.kind == "input" else ctx.scalars[k]
                 for k, p in enumerate(self.params)]
-        args += kept[len(self.tensors):]
+        values = kept[len(self.tensors):]
+        args += values if picked is None else [values[k] for k in picked]
         for k, (shape, dtype, device) in zip(self.seeds, ctx.seed_shapes):
             g = grads[k]
             args.append(torch.zeros(shape, dtype=dtype, device=device) if g is None else g)
-        result = gradient(*args) if gradient is not None else _run(self.gradient, args)
+        result = gradient(*args) if gradient is not None else _run(tc, args)
         result = result if isinstance(result, tuple) else (result,)
-        return tuple(None if k is None else result[k] for k in self.gradient_of)
+        return tuple(None if k is None else result[k] for k in gradient_of)
+
+    def _variant(self, wanted: frozenset[str]
+                 ) -> tuple[TCFunction, list[int], list[int | None]]:
+        """The gradient function of the inputs `wanted` only, the positions of the saved
+        values it reads among the forward's, and where each input's gradient is in its
+        outputs."""
+        found = self.variants.get(wanted)
+        if found is None:
+            assert self.derived is not None
+            derived = backward(self.fn.fn, saved=True, wrt=wanted)
+            tc = define_like(self.fn, derived.source,
+                             f"<{derived.name} of {', '.join(sorted(wanted))}>")[derived.name]
+            computed = {name: k for k, (name, _) in enumerate(derived.gradients)}
+            found = self.variants[wanted] = (
+                tc, [self.derived.saved.index(v) for v in derived.saved],
+                [computed.get(p.name) for p in self.params])
+        return found
 
 
 class _Eager(torch.autograd.Function):
@@ -160,7 +194,7 @@ class _Eager(torch.autograd.Function):
     @staticmethod
     @once_differentiable          # no second derivatives: refused, never silently zero
     def backward(ctx: Any, *grads: Any) -> Any:        # type: ignore[override]
-        return (None, *ctx.op.backward(ctx, grads))
+        return (None, *ctx.op.backward(ctx, grads, needs=ctx.needs_input_grad[1:]))
 
 
 # ---------------------------------------------------------------- running

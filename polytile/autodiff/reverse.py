@@ -29,13 +29,14 @@ framework runs: the forward once, the backward from what it kept).
 """
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from polytile import dtypes
 from polytile.autodiff import rules
 from polytile.autodiff.rules import mul, select
 from polytile.autodiff.ssa import ZERO, Program, Ranges, Stmt
-from polytile.errors import UnsupportedError
+from polytile.errors import ArgumentError, UnsupportedError
 from polytile.sema import program as P
 from polytile.sema import sizes as S
 from polytile.sema import typing as T
@@ -139,9 +140,11 @@ def _mergeable(first: Stmt, then: Stmt) -> bool:
             and first.elementwise)
 
 
-def backward(fn: P.Function, saved: bool = False) -> Backward:
-    """The TC function computing the gradients of `fn`'s float inputs from its inputs
-    and its outputs' gradients (see the module docstring)."""
+def backward(fn: P.Function, saved: bool = False,
+             wrt: Collection[str] | None = None) -> Backward:
+    """The TC function computing the gradients of `fn`'s float inputs (those named in
+    `wrt`, default all) from its inputs and its outputs' gradients (see the module
+    docstring). Statements only the other inputs' gradients need are not computed."""
     if fn.inout:
         raise UnsupportedError(
             f"{fn.name} reads outputs before writing them ({', '.join(sorted(fn.inout))}); "
@@ -160,6 +163,14 @@ def backward(fn: P.Function, saved: bool = False) -> Backward:
     if not inputs or not seeds:
         raise UnsupportedError(f"{fn.name} has no floating-point {'input' if seeds else 'output'}"
                                " to differentiate", fn.loc)
+    if wrt is not None:
+        unknown = sorted(set(wrt) - {p.name for p in inputs})
+        if unknown or not wrt:
+            raise ArgumentError(
+                f"{fn.name} has no floating-point input {', '.join(unknown)} to differentiate"
+                if unknown else f"no input of {fn.name} to differentiate with respect to",
+                fn.loc, hint="its floating-point inputs: " + ", ".join(p.name for p in inputs))
+        inputs = [p for p in inputs if p.name in wrt]
     gradients = [(p.name, adj.name(p.name)) for p in inputs]
     adj.sinks = {g for _, g in gradients}
     for k in reversed(range(len(fn.statements))):

@@ -133,3 +133,19 @@ def test_adjoints_that_reach_no_input_gradient_are_not_computed() -> None:
              rng.standard_normal(3).astype(np.float32))
     d_a = gradient_function(pt.grad(fn))(*args, *seeds)
     np.testing.assert_allclose(d_a, 2 * seeds[1], rtol=1e-6)
+
+
+def test_gradients_of_some_inputs_only() -> None:
+    """`wrt` drops what only the other inputs' gradients need (here the d_x product)."""
+    fn = pt.define("""
+def mlp(float(B,I) x, float(O,I) w, float(O) b) -> (y) {
+  h(n,o) +=! x(n,i) * w(o,i)
+  y(n,o) = tanh(h(n,o) + b(o))
+}""").mlp
+    derived = backward(fn.fn, saved=True, wrt=["w", "b"])
+    assert [g for _, g in derived.gradients] == ["d_w", "d_b"]
+    assert "d_x" not in derived.source and "d_h" in derived.source
+    with pytest.raises(pt.ArgumentError, match="no floating-point input z"):
+        backward(fn.fn, wrt=["z"])
+    with pytest.raises(pt.ArgumentError, match="no input of mlp"):
+        backward(fn.fn, wrt=[])

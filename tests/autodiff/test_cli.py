@@ -67,3 +67,12 @@ def test_every_function_and_an_unknown_one(tc: str, capsys: pytest.CaptureFixtur
     assert capsys.readouterr().out.count("_grad(") == 2
     assert main(["grad", tc, "--name", "nope"]) == 1
     assert "defines no function 'nope'" in capsys.readouterr().err
+
+
+def test_wrt_prints_only_those_inputs_gradients(tc: str,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["grad", tc, "--name", "fcrelu", "--saved", "--wrt", "w,b"]) == 0
+    out = capsys.readouterr().out
+    assert "-> (float32(O, I) d_w, float32(O) d_b)" in out and "d_x" not in out
+    assert main(["grad", tc, "--name", "fcrelu", "--wrt", "q"]) == 1
+    assert "no floating-point input q" in capsys.readouterr().err

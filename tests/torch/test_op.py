@@ -121,6 +121,32 @@ def test_matches_torch_forward_and_backward(ops: dict, name: str, shapes: list,
             torch.testing.assert_close(a.grad, b.grad, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("wanted", [(1, 2, 3, 4, 5, 6), (3,), (0, 6)])
+def test_only_the_gradients_autograd_asks_for_are_computed(ops: dict, wanted: tuple) -> None:
+    """Inputs that do not require grad get none (x, a batch of data, most of all) and
+    cost nothing: a gradient function derived for the others, compiled once per set."""
+    name, shapes, layer = CASES[1]                            # mlp3
+    op = ops[name]
+    ours = [a.detach().requires_grad_(k in wanted)
+            for k, a in enumerate(_arguments(shapes, torch.float32, 2))]
+    theirs = [a.detach().clone().requires_grad_(a.requires_grad) for a in ours]
+    seed = torch.randn(4, 3, generator=torch.Generator().manual_seed(5))
+    for _ in range(2):
+        for a in ours:
+            a.grad = None
+        op(*ours).backward(seed)
+    layer(*theirs).backward(seed)
+    for k, (a, b) in enumerate(zip(ours, theirs)):
+        if k in wanted:
+            torch.testing.assert_close(a.grad, b.grad, rtol=1e-4, atol=1e-4)
+        else:
+            assert a.grad is None
+    names = frozenset(op.params[k].name for k in wanted)
+    gradient, _, _ = op.variants[names]
+    assert [o.name for o in gradient.fn.outputs] == [f"d_{op.params[k].name}"
+                                                      for k in sorted(wanted)]
+
+
 @pytest.mark.parametrize("name, shapes, layer", CASES, ids=[c[0] for c in CASES])
 def test_gradcheck_in_double_precision(ops64: dict, name: str, shapes: list, layer) -> None:
     args = _arguments(shapes, torch.float64, 1)
