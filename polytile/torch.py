@@ -17,10 +17,10 @@ Three ways through, one meaning:
 
 With gradients, the forward that runs is `polytile.autodiff.forward_saving`: it also
 returns the intermediate values the derived gradient reads, which torch keeps for the
-backward; the callable returns only the function's own outputs. In eager mode the
-backward computes only the gradients autograd asks for (`needs_input_grad`): an input
-that does not require grad (a batch of data) costs nothing, through a gradient function
-derived for the others alone (`backward(..., wrt=...)`), compiled once per such set.
+backward; the callable returns only the function's own outputs. In eager mode an input
+that autograd asks no gradient of (`needs_input_grad`; a batch of data) costs nothing
+where leaving it out drops a product: the backward then runs a gradient function derived
+for the others alone (`backward(..., wrt=...)`), compiled once per such set (`_variant`).
 
 Tensors reach the kernels as NumPy views of their memory and outputs are wrapped
 without a copy; non-contiguous inputs (a transpose, channels-last) are copied by the
@@ -53,6 +53,7 @@ from polytile.interop.fx import Backend, backend
 from polytile.runtime.dispatch import use_torch
 from polytile.sema import program as P
 from polytile.sema.specialize import specialize
+from polytile.sema.typing import reads
 
 __all__ = ["Backend", "backend", "op"]
 
@@ -98,7 +99,8 @@ class _Op:
         self.tensors = [k for k, p in enumerate(self.params) if p.kind == "input"]
         computed = {name: k for k, (name, _) in enumerate(self.derived.gradients)}
         self.gradient_of = [computed.get(p.name) for p in self.params]
-        self.variants: dict[frozenset[str], tuple[TCFunction, list[int], list[int | None]]] = {}
+        self.variants: dict[frozenset[str],
+                            tuple[TCFunction, list[int] | None, list[int | None]]] = {}
         self.custom = _custom(self.forward, base)
         custom_gradient = _custom(self.gradient, base + "_grad")
         self.custom.register_autograd(
@@ -138,7 +140,9 @@ class _Op:
         """The inputs' gradients (None for those without one) from the outputs'. With
         `needs` (autograd's needs_input_grad), only those inputs' gradients are computed:
         a gradient function derived for them alone, compiled once per such set."""
-        tc, picked, gradient_of = self.gradient, None, self.gradient_of
+        tc: TCFunction = self.gradient
+        picked: list[int] | None = None
+        gradient_of = self.gradient_of
         if needs is not None:
             wanted = frozenset(p.name for k, p in enumerate(self.params)
                                if self.gradient_of[k] is not None and needs[k])
@@ -146,7 +150,8 @@ class _Op:
                 if not wanted:
                     return (None,) * len(self.params)
                 tc, picked, gradient_of = self._variant(wanted)
-                gradient = None
+                if picked is not None:
+                    gradient = None
         kept = list(ctx.saved_tensors)
         inputs = iter(kept[:len(self.tensors)])
         args = [next(inputs) if p.kind == "input" else ctx.scalars[k]
@@ -161,21 +166,49 @@ class _Op:
         return tuple(None if k is None else result[k] for k in gradient_of)
 
     def _variant(self, wanted: frozenset[str]
-                 ) -> tuple[TCFunction, list[int], list[int | None]]:
+                 ) -> tuple[TCFunction, list[int] | None, list[int | None]]:
         """The gradient function of the inputs `wanted` only, the positions of the saved
         values it reads among the forward's, and where each input's gradient is in its
-        outputs."""
+        outputs. It is the whole gradient (positions None) unless leaving the others out
+        drops a product of two operands (the d_x = d_y w of a linear layer or a
+        convolution): without one, what is dropped is a pass over memory, and the gradient
+        without it can fuse worse (a layer norm's dgamma and dbeta alone are column sums
+        of their own, 1.55x the time of the whole gradient's one row loop)."""
         found = self.variants.get(wanted)
         if found is None:
             assert self.derived is not None
             derived = backward(self.fn.fn, saved=True, wrt=wanted)
             tc = define_like(self.fn, derived.source,
                              f"<{derived.name} of {', '.join(sorted(wanted))}>")[derived.name]
-            computed = {name: k for k, (name, _) in enumerate(derived.gradients)}
-            found = self.variants[wanted] = (
-                tc, [self.derived.saved.index(v) for v in derived.saved],
-                [computed.get(p.name) for p in self.params])
+            dropped = {st.tensor for st in self.gradient.fn.statements} - {
+                st.tensor for st in tc.fn.statements}
+            if not any(_is_product(st) for st in self.gradient.fn.statements
+                       if st.tensor in dropped):
+                found = (self.gradient, None, self.gradient_of)
+            else:
+                computed = {name: k for k, (name, _) in enumerate(derived.gradients)}
+                found = (tc, [self.derived.saved.index(v) for v in derived.saved],
+                         [computed.get(p.name) for p in self.params])
+            self.variants[wanted] = found
         return found
+
+
+def _is_product(st: P.Statement) -> bool:
+    """A reduction that multiplies two tensors, each with an index the other lacks (a
+    matrix product, a convolution): work that grows faster than the data it reads."""
+    if not st.reduction_indices:
+        return False
+    used = [frozenset(n for x in r.indices for n in _index_names(x))
+            for r in reads(st.rhs) if len(r.indices) >= 2]
+    return any(a - b and b - a for a in used for b in used)
+
+
+def _index_names(e: P.TExpr) -> list[str]:
+    if isinstance(e, P.IndexVar):
+        return [e.name]
+    if isinstance(e, P.Op):
+        return [n for a in e.args for n in _index_names(a)]
+    return []
 
 
 class _Eager(torch.autograd.Function):

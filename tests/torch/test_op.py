@@ -147,6 +147,23 @@ def test_only_the_gradients_autograd_asks_for_are_computed(ops: dict, wanted: tu
                                                       for k in sorted(wanted)]
 
 
+def test_a_gradient_that_would_drop_no_product_stays_whole(ops: dict) -> None:
+    """Without x, a layer norm's gradient would lose only passes over memory, and its
+    column sums their row loop: the whole gradient runs, its d_x unused."""
+    name, shapes, layer = CASES[6]                            # layernorm
+    op = ops[name]
+    ours = [a.detach().requires_grad_(k > 0)
+            for k, a in enumerate(_arguments(shapes, torch.float32, 3))]
+    theirs = [a.detach().clone().requires_grad_(a.requires_grad) for a in ours]
+    seed = torch.randn(4, 16, generator=torch.Generator().manual_seed(6))
+    op(*ours).backward(seed)
+    layer(*theirs).backward(seed)
+    assert ours[0].grad is None
+    for a, b in zip(ours[1:], theirs[1:]):
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-4, atol=1e-4)
+    assert op.variants[frozenset({"g", "b"})][0] is op.gradient
+
+
 @pytest.mark.parametrize("name, shapes, layer", CASES, ids=[c[0] for c in CASES])
 def test_gradcheck_in_double_precision(ops64: dict, name: str, shapes: list, layer) -> None:
     args = _arguments(shapes, torch.float64, 1)
