@@ -80,7 +80,9 @@ def fold(scope: Scope, k: int, j: int) -> tuple[str, ...] | str:
             why = final_reads(level_scope)
             if why is not None:
                 return why
-        level_scope = level_scope.child(level.stmts[0])
+        inner = level.stmts[0]
+        assert isinstance(inner, Block)
+        level_scope = level_scope.child(inner)
     views = _views(levels, buffer, value)
     if isinstance(views, str):
         return views
@@ -107,9 +109,10 @@ def chain(block: Block) -> list[Block]:
         stmts = levels[-1].stmts
         if not any(isinstance(st, Block) for st in stmts):
             return levels
-        if not all(isinstance(st, Block) for st in stmts):
+        first = stmts[0]
+        if not isinstance(first, Block) or not all(isinstance(st, Block) for st in stmts):
             return []
-        levels.append(stmts[0])
+        levels.append(first)
 
 
 def with_leaf(block: Block, edit: Callable[[Block], Block]) -> Block:

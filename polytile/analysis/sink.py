@@ -19,8 +19,15 @@ from __future__ import annotations
 from dataclasses import replace
 
 from polytile.ir.nodes import Block
-from polytile.ir.polyhedra import READ, WRITE, Scope, element_vars, footprint, to_set, \
-    writes_disjoint
+from polytile.ir.polyhedra import (
+    READ,
+    WRITE,
+    Scope,
+    element_vars,
+    footprint,
+    to_set,
+    writes_disjoint,
+)
 
 
 def final_reads(scope: Scope) -> str | None:
@@ -48,7 +55,8 @@ def final_reads(scope: Scope) -> str | None:
             if not to_set(free, [reads]).is_subset(to_set(free, [written])):
                 return (f"block {reader.name} reads elements of {ref.into} that {writer.name} "
                         "does not write in the same iteration")
-        if written and any(footprint(_only(scope, r), ref.into, READ) for r in readers):
+        if written and any(isinstance(r, Block) and footprint(_only(scope, r), ref.into, READ)
+                           for r in readers):
             alone = replace(block, stmts=(writer,))
             for index in block.idxs:
                 if index.affine is None and not writes_disjoint(alone, index.name):

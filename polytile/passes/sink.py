@@ -91,7 +91,7 @@ def _sunk(p: N.Block, c: N.Block, budget: int) -> N.Block | None:
     for pa, ca, pd, cd in zip(box.access, src.access, box.shape.dims, src.shape.dims):
         p_idx = _single(pa, p_range)
         c_idx = _single(ca, c_range)
-        if p_idx is False or c_idx is False:
+        if p_idx == "" or c_idx == "":
             return None
         if c_idx is None:           # C takes the dimension whole: so must P's chunk
             if p_idx is not None or pa.const != 0 or ca.const != 0 or pd.size != cd.size:
@@ -160,13 +160,13 @@ def chunk_tiles(p: N.Block, c: N.Block, budget: int) -> dict[str, int] | None:
     return tiles if set(tiles) == set(c_range) else None
 
 
-def _single(a: N.Affine, ranges: dict[str, int]) -> str | None | bool:
-    """The one outer index `a` steps along (positively), None for a constant, False for
+def _single(a: N.Affine, ranges: dict[str, int]) -> str | None:
+    """The one outer index `a` steps along (positively), None for a constant, "" for
     anything else."""
     if not a.terms:
         return None
     if len(a.terms) != 1 or a.terms[0][0] not in ranges or a.terms[0][1] <= 0:
-        return False
+        return ""
     return a.terms[0][0]
 
 
