@@ -152,7 +152,7 @@ def chunk_tiles(p: N.Block, c: N.Block, budget: int) -> dict[str, int] | None:
     if box.shape.nbytes > budget or set(p_range) - {n for a in box.access for n in a.names}:
         return None
     tiles: dict[str, int] = {}
-    for pa, ca, pd in zip(box.access, src.access, box.shape.dims):
+    for ca, pd in zip(src.access, box.shape.dims):
         own = _single(ca, c_range)
         if not own or ca.coeff(own) != 1 or ca.const or own in tiles:
             return None
