@@ -282,7 +282,7 @@ def test_cache_clear_removes_the_built_extension(tmp_path: Path,
 layouts = st.sampled_from(["contiguous", "strided", "float64", "fortran"])
 
 
-@settings(max_examples=60, deadline=None,
+@settings(max_examples=30, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(rows=st.integers(1, 9), cols=st.integers(1, 9), layout=layouts,
        s=st.floats(-1e3, 1e3, width=32), k=st.integers(-3, 3), use_out=st.booleans())
