@@ -49,7 +49,7 @@ def _unit_index(ref: Refinement, loops: set[str]) -> str | None:
     return None
 
 
-def lower_block(low: "Lowering", blk: Block, outer: Scope) -> list[L.Stmt] | None:
+def lower_block(low: Lowering, blk: Block, outer: Scope) -> list[L.Stmt] | None:
     lanes = low.vector_lanes or blk.schedule.transpose          # the function's vector width
     if lanes not in MASKED_LANES:
         return None
@@ -156,7 +156,7 @@ def _row_work(blk: Block, work: tuple[object, ...], i: str) -> bool:
     return True
 
 
-def _row_value(low: "Lowering", blk: Block, outer: Scope, work: tuple[object, ...], x: str,
+def _row_value(low: Lowering, blk: Block, outer: Scope, work: tuple[object, ...], x: str,
                row: str, result: str, at: dict[str, Affine], vtype: L.VType,
                out: list[L.Stmt]) -> str:
     """The loop IR name of `result` for one destination row, where IR scalar `x` is the
@@ -202,7 +202,7 @@ def _row_value(low: "Lowering", blk: Block, outer: Scope, work: tuple[object, ..
     return value
 
 
-def _transpose(low: "Lowering", rows: list[str], vtype: L.VType) -> list[L.Stmt]:
+def _transpose(low: Lowering, rows: list[str], vtype: L.VType) -> list[L.Stmt]:
     """Transpose the L x L matrix whose rows are the vectors `rows`, in place: for each
     block size b, swap the off-diagonal b x b blocks of every 2b x 2b block."""
     lanes = vtype.lanes
