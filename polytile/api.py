@@ -20,8 +20,8 @@ from polytile.deep import SHALLOW, call_deep
 from polytile.errors import ArgumentError, PolytileError
 from polytile.interop import device
 from polytile.interop.adapters import NUMPY, Adapter, AdapterError, adapter_for
-from polytile.runtime import dispatch
 from polytile.lang.parser import parse
+from polytile.runtime import dispatch
 from polytile.sema import program as P
 from polytile.sema import reference
 from polytile.sema.analyze import analyze

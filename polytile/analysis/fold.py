@@ -44,7 +44,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from polytile.analysis.overwrite import touches
-from polytile.analysis.sink import final_reads
+from polytile.analysis.sink import final_reads, only
 from polytile.ir.nodes import (
     AGG_IDENTITY,
     Affine,
@@ -93,7 +93,7 @@ def fold(scope: Scope, k: int, j: int) -> tuple[str, ...] | str:
     if not _one_point_per_element(scope.child(contraction), levels, views, written):
         return f"{contraction.name} writes an element from two points of its output indices"
     elems = scope.variables + element_vars(scope.depth, len(parent.ref(buffer).shape.dims))
-    sets = [to_set(elems, [footprint(_only(scope, st), buffer, WRITE)])
+    sets = [to_set(elems, [footprint(only(scope, st), buffer, WRITE)])
             for st in (init, contraction)]
     if not sets[0].is_equal(sets[1]):
         return f"{init.name} and {contraction.name} write different elements of {buffer}"
@@ -239,7 +239,3 @@ def _one_point_per_element(top: Scope, levels: list[Block], views: list[Refineme
     points = to_set(free, [(leaf.domain & there & Conj((), eqs, ()),), distinct(
         (v, other[v]) for v in output)])
     return bool(points.is_empty())
-
-
-def _only(scope: Scope, st: Block) -> Scope:
-    return replace(scope, block=replace(scope.block, stmts=(st,)))

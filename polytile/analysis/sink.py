@@ -40,11 +40,11 @@ def final_reads(scope: Scope) -> str | None:
     for ref in block.refs:
         rank = len(ref.shape.dims)
         free = scope.variables + element_vars(scope.depth, rank)
-        written = footprint(_only(scope, writer), ref.into, WRITE)
-        read_by_writer = footprint(_only(scope, writer), ref.into, READ)
+        written = footprint(only(scope, writer), ref.into, WRITE)
+        read_by_writer = footprint(only(scope, writer), ref.into, READ)
         for reader in readers:
             assert isinstance(reader, Block)
-            mine = _only(scope, reader)
+            mine = only(scope, reader)
             if footprint(mine, ref.into, WRITE) and (written or read_by_writer):
                 return f"block {reader.name} writes {ref.into}, which {writer.name} touches"
             if footprint(mine, ref.into, WRITE) and footprint(mine, ref.into, READ):
@@ -55,7 +55,7 @@ def final_reads(scope: Scope) -> str | None:
             if not to_set(free, [reads]).is_subset(to_set(free, [written])):
                 return (f"block {reader.name} reads elements of {ref.into} that {writer.name} "
                         "does not write in the same iteration")
-        if written and any(isinstance(r, Block) and footprint(_only(scope, r), ref.into, READ)
+        if written and any(isinstance(r, Block) and footprint(only(scope, r), ref.into, READ)
                            for r in readers):
             alone = replace(block, stmts=(writer,))
             for index in block.idxs:
@@ -65,5 +65,6 @@ def final_reads(scope: Scope) -> str | None:
     return None
 
 
-def _only(scope: Scope, st: Block) -> Scope:
+def only(scope: Scope, st: Block) -> Scope:
+    """Scope's block with `st` as its only statement (the footprints of `st` alone)."""
     return replace(scope, block=replace(scope.block, stmts=(st,)))

@@ -70,18 +70,13 @@ def sink(fn: N.Function, target: Target, params: dict[str, Any]) -> N.Function:
 def _sunk(p: N.Block, c: N.Block, budget: int) -> N.Block | None:
     """`p` with `c` as its last statement over `p`'s chunks (see the module docstring),
     or None where the rule does not apply."""
-    if p.constraints or c.constraints or p.schedule.combine or \
-            any(i.affine is not None for i in p.idxs + c.idxs):
+    found = _source(p, c, budget)
+    if found is None or p.constraints or c.constraints or p.schedule.combine or \
+            any(i.affine is not None for i in p.idxs) or \
+            any(r.from_ in {q.from_ for q in p.refs} for r in c.refs if r.dir != "in") or \
+            {i.name for i in p.idxs} & {i.name for i in c.idxs}:
         return None
-    writes = {r.from_: r for r in p.refs if r.dir in ("out", "inout")}
-    sources = [r for r in c.refs if r.from_ in writes]
-    if len(sources) != 1 or sources[0].dir != "in" or \
-            any(r.from_ in {q.from_ for q in p.refs} for r in c.refs if r.dir != "in"):
-        return None
-    src = sources[0]
-    box = writes[src.from_]
-    if box.shape.nbytes > budget or {i.name for i in p.idxs} & {i.name for i in c.idxs}:
-        return None
+    box, src = found
     p_range = {i.name: i.range for i in p.idxs}
     c_range = {i.name: i.range for i in c.idxs}
     # Per outer index of C: its value at P's chunk origin (over P's indices) and how
@@ -110,8 +105,7 @@ def _sunk(p: N.Block, c: N.Block, budget: int) -> N.Block | None:
             return None
         start[c_idx] = N.Affine.of({p_idx: tile // step})
         count[c_idx] = tile // step
-    used = {n for a in box.access for n in a.names}
-    if set(count) != set(c_range) or set(p_range) - used:
+    if set(count) != set(c_range):
         return None
     taken = {r.into for r in p.refs} | {r.from_ for r in p.refs}
     new_refs: list[N.Refinement] = []
@@ -140,17 +134,11 @@ def chunk_tiles(p: N.Block, c: N.Block, budget: int) -> dict[str, int] | None:
     what the tiled block `p` before it writes in an iteration (pass autotile asks, so
     that this pass can then move `c` into `p`), or None: `c` reads that buffer at its
     own indices, one per dimension, and `p`'s box of it fits `budget` bytes."""
-    if any(i.affine is not None for i in c.idxs):
+    found = _source(p, c, budget)
+    if found is None:
         return None
-    writes = {r.from_: r for r in p.refs if r.dir in ("out", "inout")}
-    sources = [r for r in c.refs if r.from_ in writes]
-    if len(sources) != 1 or sources[0].dir != "in":
-        return None
-    box, src = writes[sources[0].from_], sources[0]
-    p_range = {i.name: i.range for i in p.idxs if i.affine is None}
+    box, src = found
     c_range = {i.name: i.range for i in c.idxs}
-    if box.shape.nbytes > budget or set(p_range) - {n for a in box.access for n in a.names}:
-        return None
     tiles: dict[str, int] = {}
     for ca, pd in zip(src.access, box.shape.dims):
         own = _single(ca, c_range)
@@ -158,6 +146,24 @@ def chunk_tiles(p: N.Block, c: N.Block, budget: int) -> dict[str, int] | None:
             return None
         tiles[own] = pd.size
     return tiles if set(tiles) == set(c_range) else None
+
+
+def _source(p: N.Block, c: N.Block, budget: int) -> tuple[N.Refinement, N.Refinement] | None:
+    """`p`'s view of the one buffer of `p`'s that `c` reads (and only reads) and `c`'s,
+    where `c`'s indices are its own, every outer index of `p` moves that view (an
+    iteration writes a box no other does) and the box fits `budget` bytes; else None."""
+    if any(i.affine is not None for i in c.idxs):
+        return None
+    writes = {r.from_: r for r in p.refs if r.dir in ("out", "inout")}
+    sources = [r for r in c.refs if r.from_ in writes]
+    if len(sources) != 1 or sources[0].dir != "in":
+        return None
+    box = writes[sources[0].from_]
+    moved = {n for a in box.access for n in a.names}
+    if box.shape.nbytes > budget or any(i.affine is None and i.name not in moved
+                                        for i in p.idxs):
+        return None
+    return box, sources[0]
 
 
 def _single(a: N.Affine, ranges: dict[str, int]) -> str | None:
