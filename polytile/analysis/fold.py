@@ -146,16 +146,19 @@ def _views(levels: list[Block], buffer: str, value: float) -> list[Refinement] |
     views, name = [], buffer
     for level in levels:
         found = [r for r in level.refs if r.from_ == name]
-        # inout where later statements of the level read it (proved by `final_reads`)
-        dirs = ("out", "inout") if len(level.stmts) > 1 else ("out",)
+        # Above the leaf, inout where statements after the next level read it (proved
+        # by `final_reads`), and assign where one updates it in place (pass epilogue;
+        # the verifier proves that no two iterations write one element of it).
+        above = level is not levels[-1]
+        dirs = ("out", "inout") if above else ("out",)
         if len(found) != 1 or found[0].dir not in dirs:
             return f"block {level.name} must write {name} through one view and read none of it"
-        if AGG_IDENTITY.get(found[0].agg) != value:
+        if AGG_IDENTITY.get(found[0].agg) != value and not (above and found[0].agg == "assign"):
             return (f"{buffer} starts at {value}, not the identity of block {level.name}'s "
                     f"aggregation {found[0].agg}")
         views.append(found[0])
         name = found[0].into
-    if len({v.agg for v in views}) != 1:
+    if len({v.agg for v in views if v.agg != "assign"}) != 1:
         return f"block {levels[0].name}'s levels write {buffer} with different aggregations"
     return views
 

@@ -8,7 +8,8 @@ cache) computes what `P` then `R` computed before when, in every iteration of `P
   of `P` (so it was written before `R` reads it), and no other iteration of `P` writes
   it (so it is final when `R` reads it);
 * `R` writes no view that `W` touches (a later iteration of `W` would see it) and does
-  not write what it reads.
+  not write what it reads, except that it may update in place elements `W` wrote in the
+  same iteration (and does not read): an epilogue (pass epilogue).
 
 `final_reads(scope)` answers for scope's block with isl (polytile.ir.polyhedra), exactly;
 pass `sink` asks it of each block it makes, and `analysis.fold` of a contraction level
@@ -45,11 +46,15 @@ def final_reads(scope: Scope) -> str | None:
         for reader in readers:
             assert isinstance(reader, Block)
             mine = only(scope, reader)
-            if footprint(mine, ref.into, WRITE) and (written or read_by_writer):
-                return f"block {reader.name} writes {ref.into}, which {writer.name} touches"
-            if footprint(mine, ref.into, WRITE) and footprint(mine, ref.into, READ):
+            writes, reads = footprint(mine, ref.into, WRITE), footprint(mine, ref.into, READ)
+            if writes and (written or read_by_writer):
+                # an update in place of what the writer wrote (pass epilogue)
+                if read_by_writer or not to_set(free, [writes]).is_subset(
+                        to_set(free, [written])):
+                    return (f"block {reader.name} writes elements of {ref.into} that "
+                            f"{writer.name} reads or does not write in the same iteration")
+            elif writes and reads:
                 return f"block {reader.name} reads and writes {ref.into}"
-            reads = footprint(mine, ref.into, READ)
             if not reads or not written:
                 continue
             if not to_set(free, [reads]).is_subset(to_set(free, [written])):

@@ -35,6 +35,7 @@ from polytile.errors import ArgumentError
 from polytile.ir import nodes as N
 from polytile.ir.phases import stitch_schedule
 from polytile.ir.verify import contiguous_along
+from polytile.passes.epilogue import place
 from polytile.passes.pipeline import register
 from polytile.passes.schedule import (PAGE_BYTES, Schedule, _is_parallel, apply_schedule,
                                       check_schedule, panel_index, thread_loop)
@@ -581,6 +582,11 @@ def autotile(fn: N.Function, target: Target, params: dict[str, Any]) -> N.Functi
             check_schedule(k, given[k.name], target)
     stmts: list[N.Statement] = []
     for s in fn.body.stmts:
+        placed = (place(stmts[-1], s, fn.body) if stmts and isinstance(s, N.Block)
+                  and s.name not in given else None)
+        if placed is not None:      # an epilogue, in the contraction's register tiles
+            stmts[-1] = placed
+            continue
         if _is_leaf_kernel(s):
             assert isinstance(s, N.Block)
             schedule = given.get(s.name) or _following(stmts, s, choose_schedule(s, target),

@@ -67,6 +67,7 @@ import islpy as isl
 
 from polytile.errors import ArgumentError
 from polytile.ir import nodes as N
+from polytile.passes.epilogue import EPILOGUE
 from polytile.passes.pipeline import one_of, register
 from polytile.targets.target import Target
 
@@ -196,13 +197,19 @@ def fuse(fn: N.Function, target: Target, params: dict[str, Any]) -> N.Function:
     if strategy == "none":
         return fn
     budget = math.inf if strategy == "max" else target.cache_size("L1") // 2
-    return _assemble(fn, row_groups(list(fn.body.stmts), target, budget))
+    return _assemble(fn, row_groups(list(fn.body.stmts), target, budget, epilogues=False))
 
 
-def row_groups(body: list[N.Statement], target: Target,
-               budget: float) -> list[list[N.Statement]]:
+def row_groups(body: list[N.Statement], target: Target, budget: float,
+               epilogues: bool = True) -> list[list[N.Statement]]:
     """Consecutive statements grouped into row loops; a hoisted init is a group of its
-    own, in front of the loop it was taken out of."""
+    own, in front of the loop it was taken out of. Without `epilogues`, a contraction's
+    epilogue (pass epilogue) joins only the row loop of its contraction: otherwise
+    autotile runs it in the contraction's register tiles."""
+    def alone(s: N.Statement) -> bool:
+        return not epilogues and isinstance(s, N.Block) and EPILOGUE in s.tags
+
+    before = {id(b): a for a, b in zip(body, body[1:])}
     groups: list[list[N.Statement]] = []
     body = list(body)
     while body:
@@ -210,7 +217,9 @@ def row_groups(body: list[N.Statement], target: Target,
         last = groups[-1] if groups else None
         rows = (_row_index(last[0]).range  # type: ignore[union-attr]
                 if last and isinstance(last[0], N.Block) and _fusible(last[0], budget)
-                else None)
+                and not alone(last[0]) else None)
+        if alone(s) and not (last and any(m is before.get(id(s)) for m in last)):
+            rows = None
         if rows is None:
             groups.append([s])
             continue

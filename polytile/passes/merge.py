@@ -56,7 +56,7 @@ def _merged_members(row: N.Block) -> N.Block:
         passed = _passed(row, members, k)
         if passed is not None:
             assert isinstance(a, N.Block) and isinstance(b, N.Block)
-            members[k:k + 2] = [_merged(a, b)]
+            members[k:k + 2] = [merged(a, b)]
             gone |= passed
         else:
             k += 1
@@ -103,19 +103,22 @@ def _passed(row: N.Block, members: list[N.Statement], k: int) -> set[str] | None
     return {w.from_ for w in written_a}
 
 
-def _merged(a: N.Block, b: N.Block) -> N.Block:
+def merged(a: N.Block, b: N.Block) -> N.Block:
     """B's statements after A's in A's block, the values A stores taken by B's loads of
-    them in place of A's stores (`_passed` holds)."""
+    them in place of A's stores (`_passed` holds; or pass epilogue's in-place blocks: B
+    updates, through the same view, what A updated, and stores it in A's view)."""
     stored = {s.ref: s.value for s in a.stmts if isinstance(s, N.Store)}
-    by_buffer = {r.from_: r.into for r in a.refs if r.dir == "out"}
+    by_buffer = {r.from_: r.into for r in a.refs if r.dir in ("out", "inout")}
     forwarded = {r.into: stored[by_buffer[r.from_]] for r in b.refs
-                 if r.dir == "in" and r.from_ in by_buffer}
+                 if r.dir in ("in", "inout") and r.from_ in by_buffer}
     # B's views: one already in A (same buffer, direction and access) is shared; any
     # other keeps its name unless A uses it.
     refs = [r for r in a.refs if r.dir != "out"]
     view: dict[str, str] = {}
     for r in b.refs:
         if r.into in forwarded:
+            if r.dir == "inout":
+                view[r.into] = by_buffer[r.from_]
             continue
         same = next((x for x in refs if (x.dir, x.from_, x.access, x.shape, x.location)
                      == (r.dir, r.from_, r.access, r.shape, r.location)), None)

@@ -102,5 +102,5 @@ def run_pipeline(fn: N.Function, target: Target, options: dict[str, Any]) -> N.F
 def _load_passes() -> None:
     """Import the pass modules; each registers itself in PASSES."""
     from polytile.passes import (  # noqa: F401
-        autotile, collapse, fold, fuse, gathercopy, gpu, merge, nextrow, outlayout, pack,
-        ptrinc, reorder, rowbuffer, scratch, sink, stream, tensor_cores, tensorize)
+        autotile, collapse, epilogue, fold, fuse, gathercopy, gpu, merge, nextrow, outlayout,
+        pack, ptrinc, reorder, rowbuffer, scratch, sink, stream, tensor_cores, tensorize)
