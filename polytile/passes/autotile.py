@@ -582,9 +582,10 @@ def autotile(fn: N.Function, target: Target, params: dict[str, Any]) -> N.Functi
             check_schedule(k, given[k.name], target)
     stmts: list[N.Statement] = []
     for s in fn.body.stmts:
-        placed = (place(stmts[-1], s, fn.body) if stmts and isinstance(s, N.Block)
-                  and s.name not in given else None)
-        if placed is not None:      # an epilogue, in the contraction's register tiles
+        placed = place(stmts[-1], s, fn.body) if stmts and isinstance(s, N.Block) else None
+        if placed is not None:
+            # An epilogue, in the contraction's register tiles (a schedule given for it
+            # applies where it stays a kernel of its own).
             stmts[-1] = placed
             continue
         if _is_leaf_kernel(s):
