@@ -197,19 +197,27 @@ def fuse(fn: N.Function, target: Target, params: dict[str, Any]) -> N.Function:
     if strategy == "none":
         return fn
     budget = math.inf if strategy == "max" else target.cache_size("L1") // 2
-    return _assemble(fn, row_groups(list(fn.body.stmts), target, budget, epilogues=False))
+    # "max" fuses what it can, epilogues with anything (a choice the tuner keeps).
+    return _assemble(fn, row_groups(list(fn.body.stmts), target, budget,
+                                    epilogues=strategy == "max"))
 
 
 def row_groups(body: list[N.Statement], target: Target, budget: float,
                epilogues: bool = True) -> list[list[N.Statement]]:
     """Consecutive statements grouped into row loops; a hoisted init is a group of its
     own, in front of the loop it was taken out of. Without `epilogues`, a contraction's
-    epilogue (pass epilogue) joins only the row loop of its contraction: otherwise
-    autotile runs it in the contraction's register tiles."""
+    epilogue (pass epilogue) joins only the row loop of its contraction, and a matrix
+    product with an epilogue stays out of row loops with its epilogue and its init: autotile tiles it as a GEMM and runs the
+    epilogue in its register tiles (MLP3's last layer, whose 128 x 64 weights fit the
+    row loop's budget: 128x128x64x32x2 33.9 and 35.3 us against 35.2 and 37.8 us as a
+    row loop, 128x256x128x64x32 88.0 and 91.4 against 91.1 and 92.6 us; Intel Xeon, two
+    threads, `benchmarks/kernel_ab.py`, two runs)."""
+    before = {id(b): a for a, b in zip(body, body[1:])}
+    solo = set() if epilogues else _solo(body)
+
     def alone(s: N.Statement) -> bool:
         return not epilogues and isinstance(s, N.Block) and EPILOGUE in s.tags
 
-    before = {id(b): a for a, b in zip(body, body[1:])}
     groups: list[list[N.Statement]] = []
     body = list(body)
     while body:
@@ -217,8 +225,9 @@ def row_groups(body: list[N.Statement], target: Target, budget: float,
         last = groups[-1] if groups else None
         rows = (_row_index(last[0]).range  # type: ignore[union-attr]
                 if last and isinstance(last[0], N.Block) and _fusible(last[0], budget)
-                and not alone(last[0]) else None)
-        if alone(s) and not (last and any(m is before.get(id(s)) for m in last)):
+                and not alone(last[0]) and id(last[0]) not in solo else None)
+        if id(s) in solo or alone(s) and not (last and any(m is before.get(id(s))
+                                                           for m in last)):
             rows = None
         if rows is None:
             groups.append([s])
@@ -250,6 +259,39 @@ def row_groups(body: list[N.Statement], target: Target, budget: float,
             continue
         groups.append([s])
     return groups
+
+
+def _solo(body: list[N.Statement]) -> set[int]:
+    """(ids of) each matrix product with an epilogue after it, that epilogue, and the init
+    right before the contraction that clears its output."""
+    solo: set[int] = set()
+    for k in range(1, len(body)):
+        c, e = body[k - 1], body[k]
+        if not (isinstance(e, N.Block) and EPILOGUE in e.tags and isinstance(c, N.Block)
+                and "contraction" in c.tags):
+            continue
+        written = [r for r in c.refs if r.dir != "in"]
+        if not _outer_product(c, written):
+            continue
+        solo |= {id(c), id(e)}
+        init = body[k - 2] if k >= 2 else None
+        if isinstance(init, N.Block) and "init" in init.tags and \
+                {r.from_ for r in init.refs} & {r.from_ for r in written}:
+            solo.add(id(init))
+    return solo
+
+
+def _outer_product(c: N.Block, written: list[N.Refinement]) -> bool:
+    """Whether contraction `c` is a matrix product, not batched: one output, and for each
+    of its indices an input that does not depend on it (what a register tile broadcasts
+    and what it loads as vectors). Batched products of small matrices stay in row loops
+    (the multi-interests motif's 4 x 50 products: 2.1x the time as kernels)."""
+    if len(written) != 1:
+        return False
+    out = {n for a in written[0].access for n in a.names}
+    inputs = [{n for a in r.access for n in a.names} for r in c.refs if r.dir == "in"]
+    return len(out) >= 2 and len(inputs) >= 2 and \
+        all(any(n not in names for names in inputs) for n in out)
 
 
 def _joins(s: N.Block, group: list[N.Statement], rows: int, budget: float) -> bool:

@@ -100,6 +100,22 @@ def f(float(B,I) x, float(O,I) w) -> (y, z) {
                                    if isinstance(m, N.Block))
 
 
+def test_a_small_layer_is_a_gemm_not_a_row_loop() -> None:
+    # MLP3's last layer (64 x 32 weights fit pass fuse's budget): tiled, its epilogue in
+    # its register tiles, rather than one row loop of fill, dot products and activation.
+    layer = run_pipeline(_fcrelu(128, 64, 32), AVX512, {})
+    assert not any("fused" in s.tags for s in layer.body.stmts if isinstance(s, N.Block))
+    assert [s.name for s in chain(block(layer, "s1"))[-2].stmts][-1] == "s2"
+    # A batched product of small matrices keeps its row loop.
+    batched = run_pipeline(lowered("""
+def f(float(B,K,D) C, float(B,L,D) X) -> (S) {
+  S(b,k,l) +=! C(b,k,d) * X(b,l,d)
+  S(b,k,l) = S(b,k,l) * 0.125
+}
+""", {"C": (64, 4, 32), "X": (64, 50, 32)}), AVX512, {})
+    assert any("fused" in s.tags for s in batched.body.stmts if isinstance(s, N.Block))
+
+
 def test_a_reduction_in_chunks_keeps_the_epilogue_a_kernel() -> None:
     # The 2000-step reduction is summed in chunks across the contraction's iterations:
     # a tile is not final before the last chunk.
