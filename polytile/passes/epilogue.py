@@ -86,7 +86,7 @@ def _accumulated(st: N.Statement) -> N.Refinement | None:
 def _plain_leaf(b: N.Block) -> bool:
     """No schedule, no nested block, no data-dependent or flat access."""
     return b.schedule == N.BlockSchedule() and not any(
-        isinstance(s, (N.Block, N.Special)) or isinstance(s, N.LoadIndex)
+        isinstance(s, (N.Block, N.Special, N.LoadIndex))
         or isinstance(s, (N.Load, N.Store)) and any(d is not None for d in s.dynamic)
         or isinstance(s, N.Load) and s.offset is not None for s in b.stmts)
 
@@ -102,7 +102,8 @@ def _in_place(b: N.Block, buffer: str, direction: str = "inout") -> N.Refinement
     if len(views) != 1 or not others_read:
         return None
     view = views[0]
-    names = [a.names[0] if a.terms and a == N.Affine.index(a.names[0]) else "" for a in view.access]
+    names = [a.names[0] if a.terms and a == N.Affine.index(a.names[0]) else ""
+             for a in view.access]
     if view.dir != direction or view.agg != "assign" or "" in names or \
             sorted(names) != sorted(i.name for i in b.idxs):
         return None
@@ -201,6 +202,7 @@ def place(tiled: N.Statement, e: N.Block, main: N.Block) -> N.Block | None:
                               location=None))
         refs.append(replace(r, from_=name, access=tuple(a.substitute(at) for a in r.access)))
     s = leaf.schedule
+    assert s.vector is not None
     idxs = tuple(i for i in leaf.idxs if i.name not in reductions)
     kept = {i.name for i in idxs}
     moved = replace(e, idxs=idxs, constraints=leaf.constraints, refs=tuple(refs),

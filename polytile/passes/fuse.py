@@ -57,6 +57,7 @@ statements are the phases of one parallel region, scheduled by autotile
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 import re
 from collections.abc import Sequence
@@ -207,12 +208,13 @@ def row_groups(body: list[N.Statement], target: Target, budget: float,
     """Consecutive statements grouped into row loops; a hoisted init is a group of its
     own, in front of the loop it was taken out of. Without `epilogues`, a contraction's
     epilogue (pass epilogue) joins only the row loop of its contraction, and a matrix
-    product with an epilogue stays out of row loops with its epilogue and its init: autotile tiles it as a GEMM and runs the
-    epilogue in its register tiles (MLP3's last layer, whose 128 x 64 weights fit the
-    row loop's budget: 128x128x64x32x2 33.9 and 35.3 us against 35.2 and 37.8 us as a
-    row loop, 128x256x128x64x32 88.0 and 91.4 against 91.1 and 92.6 us; Intel Xeon, two
-    threads, `benchmarks/kernel_ab.py`, two runs)."""
-    before = {id(b): a for a, b in zip(body, body[1:])}
+    product with an epilogue stays out of row loops with its epilogue and its init:
+    autotile tiles it as a GEMM and runs the epilogue in its register tiles (MLP3's last
+    layer, whose 32 x 64 weights fit the row loop's budget: 128x128x64x32x2 33.9 and
+    35.3 us against 35.2 and 37.8 us as a row loop, 128x256x128x64x32 88.0 and 91.4
+    against 91.1 and 92.6 us; Intel Xeon, two threads, `benchmarks/kernel_ab.py`, two
+    runs)."""
+    before = {id(b): a for a, b in itertools.pairwise(body)}
     solo = set() if epilogues else _solo(body)
 
     def alone(s: N.Statement) -> bool:

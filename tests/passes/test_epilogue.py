@@ -25,8 +25,15 @@ from polytile.passes.epilogue import EPILOGUE, epilogue
 from polytile.passes.pipeline import run_pipeline
 from polytile.targets.target import host_features, load_target, supports
 
-from .helpers import (assert_same_meaning, block, check_golden, check_pass, lowered, target,
-                      with_block)
+from .helpers import (
+    assert_same_meaning,
+    block,
+    check_golden,
+    check_pass,
+    lowered,
+    target,
+    with_block,
+)
 
 AVX512, AVX2 = target("cpu-avx512"), target("cpu-avx2")
 
