@@ -163,7 +163,8 @@ def test_the_pipeline_keeps_the_meaning(batch: int, inputs: int, outputs: int) -
         assert_same_meaning(before, after, seeds=(batch,), sum_of_products=True)
 
 
-RUNNABLE = [t for t in ("cpu-avx512", "cpu-avx2") if supports(load_target(t), host_features())]
+RUNNABLE = [t for t in ("cpu-avx512", "cpu-avx2", "cpu-generic")
+            if supports(load_target(t), host_features())]
 
 LAYERS = """
 def mlp2(float(B,I) x, float(H,I) w1, float(H) b1, float(O,H) w2, float(O) b2,
