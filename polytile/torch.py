@@ -204,6 +204,8 @@ def _is_product(st: P.Statement) -> bool:
 
 
 def _index_names(e: P.TExpr) -> list[str]:
+    """The index variables of an index expression, not through a gather's read (unlike
+    sema.typing.index_names: a gathered row is no product's operand index)."""
     if isinstance(e, P.IndexVar):
         return [e.name]
     if isinstance(e, P.Op):

@@ -92,12 +92,17 @@ def fold(scope: Scope, k: int, j: int) -> tuple[str, ...] | str:
         return first
     if not _one_point_per_element(scope.child(contraction), levels, views, written):
         return f"{contraction.name} writes an element from two points of its output indices"
-    elems = scope.variables + element_vars(scope.depth, len(parent.ref(buffer).shape.dims))
-    sets = [to_set(elems, [footprint(only(scope, st), buffer, WRITE)])
-            for st in (init, contraction)]
-    if not sets[0].is_equal(sets[1]):
+    if not same_writes(scope, init, contraction, buffer):
         return f"{init.name} and {contraction.name} write different elements of {buffer}"
     return first
+
+
+def same_writes(scope: Scope, a: Block, b: Block, buffer: str) -> bool:
+    """Whether blocks `a` and `b` of scope's block write the same elements of its buffer
+    `buffer` (isl)."""
+    elems = scope.variables + element_vars(scope.depth, len(scope.block.ref(buffer).shape.dims))
+    sets = [to_set(elems, [footprint(only(scope, st), buffer, WRITE)]) for st in (a, b)]
+    return bool(sets[0].is_equal(sets[1]))
 
 
 def chain(block: Block) -> list[Block]:
@@ -143,23 +148,35 @@ def _filled(init: Block) -> tuple[str, float] | None:
 def _views(levels: list[Block], buffer: str, value: float) -> list[Refinement] | str:
     """The view of `buffer` at each level of the contraction's chain, which writes it
     with one aggregation whose identity is `value`, else why not."""
-    views, name = [], buffer
-    for level in levels:
-        found = [r for r in level.refs if r.from_ == name]
+    views = chain_views(levels, buffer)
+    if isinstance(views, str):
+        return views
+    for level, view in zip(levels, views):
         # Above the leaf, inout where statements after the next level read it (proved
         # by `final_reads`), and assign where one updates it in place (pass epilogue;
         # the verifier proves that no two iterations write one element of it).
         above = level is not levels[-1]
-        dirs = ("out", "inout") if above else ("out",)
-        if len(found) != 1 or found[0].dir not in dirs:
-            return f"block {level.name} must write {name} through one view and read none of it"
-        if AGG_IDENTITY.get(found[0].agg) != value and not (above and found[0].agg == "assign"):
+        if view.dir not in (("out", "inout") if above else ("out",)):
+            return (f"block {level.name} must write {view.from_} through one view and read "
+                    "none of it")
+        if AGG_IDENTITY.get(view.agg) != value and not (above and view.agg == "assign"):
             return (f"{buffer} starts at {value}, not the identity of block {level.name}'s "
-                    f"aggregation {found[0].agg}")
-        views.append(found[0])
-        name = found[0].into
+                    f"aggregation {view.agg}")
     if len({v.agg for v in views if v.agg != "assign"}) != 1:
         return f"block {levels[0].name}'s levels write {buffer} with different aggregations"
+    return views
+
+
+def chain_views(levels: list[Block], buffer: str) -> list[Refinement] | str:
+    """The view of `buffer` at each level of a chain, each level's one refinement of the
+    view above it, else why not."""
+    views, name = [], buffer
+    for level in levels:
+        found = [r for r in level.refs if r.from_ == name]
+        if len(found) != 1:
+            return f"block {level.name} must write {name} through one view and read none of it"
+        views.append(found[0])
+        name = found[0].into
     return views
 
 

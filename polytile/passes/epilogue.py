@@ -36,12 +36,11 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from polytile.analysis.fold import chain
+from polytile.analysis.fold import chain, chain_views, same_writes
 from polytile.analysis.overwrite import touches
-from polytile.analysis.sink import only
 from polytile.analysis.vectorizable import boundary_versions, why_not_vector
 from polytile.ir import nodes as N
-from polytile.ir.polyhedra import WRITE, Scope, element_vars, footprint, to_set, writes_disjoint
+from polytile.ir.polyhedra import Scope, writes_disjoint
 from polytile.passes.merge import merged
 from polytile.passes.names import fresh_name
 from polytile.passes.pipeline import flag, register
@@ -56,11 +55,11 @@ def epilogue(fn: N.Function, target: Target, params: dict[str, Any]) -> N.Functi
     root = Scope.root(fn.body)
     stmts = list(fn.body.stmts)
     for j in range(len(stmts) - 1):
-        out = _accumulated(stmts[j])
-        after = stmts[j + 1]
-        if out is None or not isinstance(after, N.Block) or \
-                _in_place(after, out.from_) is None or \
-                not _same_writes(root, stmts[j], after, out.from_):
+        contraction, after = stmts[j], stmts[j + 1]
+        out = _accumulated(contraction)
+        if out is None or not isinstance(contraction, N.Block) or \
+                not isinstance(after, N.Block) or in_place_view(after, out.from_) is None or \
+                not same_writes(root, contraction, after, out.from_):
             continue
         k = _bias(root, stmts, j, out.from_)
         if k is not None:
@@ -91,9 +90,10 @@ def _plain_leaf(b: N.Block) -> bool:
         or isinstance(s, N.Load) and s.offset is not None for s in b.stmts)
 
 
-def _in_place(b: N.Block, buffer: str, direction: str = "inout") -> N.Refinement | None:
+def in_place_view(b: N.Block, buffer: str, direction: str = "inout") -> N.Refinement | None:
     """`b`'s view of `buffer` when `b` is an elementwise leaf that writes it (and nothing
-    else) at its own indices, one per dimension, and reads everything else."""
+    else) at its own indices, one per dimension, and reads everything else (also pass
+    outlayout's test of a statement it can do in its transposing copy)."""
     if not (_plain_leaf(b) and "elementwise" in b.tags) or b.constraints or \
             any(i.affine is not None for i in b.idxs):
         return None
@@ -111,25 +111,17 @@ def _in_place(b: N.Block, buffer: str, direction: str = "inout") -> N.Refinement
     return view if len(stores) == 1 and stores[0].ref == view.into else None
 
 
-def _same_writes(root: Scope, a: N.Statement, b: N.Statement, buffer: str) -> bool:
-    """Whether top-level blocks `a` and `b` write the same elements of `buffer` (isl)."""
-    assert isinstance(a, N.Block) and isinstance(b, N.Block)
-    rank = len(root.block.ref(buffer).shape.dims)
-    elems = root.variables + element_vars(root.depth, rank)
-    sets = [to_set(elems, [footprint(only(root, st), buffer, WRITE)]) for st in (a, b)]
-    return bool(sets[0].is_equal(sets[1]))
-
-
 def _bias(root: Scope, stmts: list[N.Statement], j: int, buffer: str) -> int | None:
     """The statement before contraction `j` that fills its output with values of other
     buffers, when it can move after the contraction into the epilogue `j + 1`."""
     k = next((k for k in range(j - 1, -1, -1) if touches(stmts[k], buffer)), None)
     if k is None:
         return None
-    init, after = stmts[k], stmts[j + 1]
-    if not (isinstance(init, N.Block) and isinstance(after, N.Block)) or \
-            _in_place(init, buffer, "out") is None or init.idxs != after.idxs or \
-            not _same_writes(root, init, stmts[j], buffer):
+    init, contraction, after = stmts[k], stmts[j], stmts[j + 1]
+    if not (isinstance(init, N.Block) and isinstance(contraction, N.Block)
+            and isinstance(after, N.Block)) or \
+            in_place_view(init, buffer, "out") is None or init.idxs != after.idxs or \
+            not same_writes(root, init, contraction, buffer):
         return None
     read = {r.from_ for r in init.refs if r.dir == "in"}
     for st in stmts[k + 1:j + 2]:
@@ -175,8 +167,9 @@ def place(tiled: N.Statement, e: N.Block, main: N.Block) -> N.Block | None:
         return None
     leaf, holder = levels[-1], levels[-2]
     own = next(r for r in e.refs if r.dir == "inout")
-    views = _chain_views(levels, own.from_)
-    if views is None or leaf.schedule.vector is None or not leaf.schedule.micro:
+    views = chain_views(levels, own.from_)
+    if isinstance(views, str) or any(v.dir != "out" or v.agg != "add" for v in views) or \
+            leaf.schedule.vector is None or not leaf.schedule.micro:
         return None
     if any(i.affine is None and not writes_disjoint(level, i.name)
            for level in levels[:-1] for i in level.idxs):
@@ -220,18 +213,6 @@ def place(tiled: N.Statement, e: N.Block, main: N.Block) -> N.Block | None:
         here = tuple(x if depth == 0 else replace(x, from_=x.into) for x in passed)
         new = replace(level, refs=level_refs + here, stmts=inner)
     return new
-
-
-def _chain_views(levels: list[N.Block], buffer: str) -> list[N.Refinement] | None:
-    """The view of `buffer` at each level, each the one way it adds into it."""
-    views, name = [], buffer
-    for level in levels:
-        found = [r for r in level.refs if r.from_ == name]
-        if len(found) != 1 or found[0].dir != "out" or found[0].agg != "add":
-            return None
-        views.append(found[0])
-        name = found[0].into
-    return views
 
 
 def _absolute(levels: list[N.Block], views: list[N.Refinement]) -> list[N.Affine] | None:

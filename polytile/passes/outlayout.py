@@ -43,6 +43,7 @@ from typing import Any
 from polytile import dtypes
 from polytile.ir import nodes as N
 from polytile.ir.lower import contiguous
+from polytile.passes.epilogue import in_place_view
 from polytile.passes.names import fresh_name
 from polytile.passes.pipeline import flag, register
 from polytile.passes.schedule import _is_parallel
@@ -163,32 +164,24 @@ def _with_epilogue(copy: N.Block, after: N.Statement, buffer: N.Refinement) -> N
     stay the same along the output's unit-stride dimension (a bias per channel); else
     None. The copy then writes each element once, and the transpose's lowering does the
     work per stored row (polytile.loops.transpose)."""
-    if not isinstance(after, N.Block) or after.constraints or \
-            any(i.affine is not None for i in after.idxs) or \
-            any(isinstance(st, (N.Block, N.Special, N.LoadIndex)) for st in after.stmts):
+    view = in_place_view(after, buffer.into) if isinstance(after, N.Block) else None
+    if view is None:
         return None
-    mine = [r for r in after.refs if r.from_ == buffer.into]
-    if len(mine) != 1 or mine[0].dir != "inout" or mine[0].agg != "assign":
-        return None
-    view = mine[0]
+    assert isinstance(after, N.Block)
     ranges = {i.name: i.range for i in after.idxs}
-    names = [a.names[0] if len(a.terms) == 1 and not a.const and a.coeff(a.names[0]) == 1
-             else None for a in view.access]
-    if None in names or len(set(names)) != len(names) or set(names) != set(ranges) or \
-            [ranges[str(n)] for n in names] != list(buffer.shape.sizes):
+    names = [a.names[0] for a in view.access]
+    if [ranges[n] for n in names] != list(buffer.shape.sizes):
         return None
-    rename = {str(n): N.Affine.index(f"a{d}") for d, n in enumerate(names)}
+    rename = {n: N.Affine.index(f"a{d}") for d, n in enumerate(names)}
     unit = f"a{len(names) - 1}"
     others = [replace(r, access=tuple(a.substitute(rename) for a in r.access))
               for r in after.refs if r is not view]
-    if any(r.dir != "in" or r.from_ == buffer.into or any(a.coeff(unit) for a in r.access)
-           or r.into in {c.into for c in copy.refs} for r in others):
+    if any(any(a.coeff(unit) for a in r.access) or r.into in {c.into for c in copy.refs}
+           for r in others):
         return None
     loads = [st for st in after.stmts if isinstance(st, N.Load) and st.ref == view.into]
     stores = [st for st in after.stmts if isinstance(st, N.Store)]
-    if len(loads) != 1 or loads[0].dynamic or loads[0].offset is not None or \
-            len(stores) != 1 or stores[0] is not after.stmts[-1] or stores[0].dynamic or \
-            stores[0].ref != view.into:
+    if len(loads) != 1 or stores[0] is not after.stmts[-1]:
         return None
     first, last = copy.stmts
     assert isinstance(first, N.Load) and isinstance(last, N.Store)
@@ -202,8 +195,6 @@ def _with_epilogue(copy: N.Block, after: N.Statement, buffer: N.Refinement) -> N
             continue
         if isinstance(st, N.Intrinsic):
             st = replace(st, inputs=tuple(subst.get(x, x) for x in st.inputs))
-        elif isinstance(st, N.Load) and (st.dynamic or st.offset is not None):
-            return None
         work.append(st)
     value = subst.get(stores[0].value, stores[0].value)
     return replace(copy, refs=copy.refs + tuple(others),
