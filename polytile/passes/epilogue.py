@@ -25,8 +25,10 @@ the epilogue stays a kernel of its own, right after the contraction.
 A statement after a contraction is an epilogue when it rewrites exactly the elements the
 contraction wrote (isl), each from itself and from other buffers, at its own indices; a
 bias statement before it becomes part of the epilogue when nothing between them touches
-the output, and nothing up to the epilogue writes what the bias reads. Pass fuse leaves
-epilogues out of its row loops.
+the output, and nothing up to the epilogue writes what the bias reads. A contraction
+into a temporary that only the next statement reads, element by element, writes that
+statement's output instead (`z +=! x * w; y = f(z)` -> `y +=! x * w; y = f(y)`). Pass fuse
+leaves epilogues out of its row loops.
 
 Intel Xeon (Cascade Lake), two threads: see docs/architecture.md, "Pass epilogue", for
 the measurements. Parameters: `enabled` (default true).
@@ -38,9 +40,18 @@ from typing import Any
 
 from polytile.analysis.fold import chain, chain_views, same_writes
 from polytile.analysis.overwrite import touches
+from polytile.analysis.sink import only
 from polytile.analysis.vectorizable import boundary_versions, why_not_vector
 from polytile.ir import nodes as N
-from polytile.ir.polyhedra import Scope, writes_disjoint
+from polytile.ir.polyhedra import (
+    READ,
+    WRITE,
+    Scope,
+    element_vars,
+    footprint,
+    to_set,
+    writes_disjoint,
+)
 from polytile.passes.merge import merged
 from polytile.passes.names import fresh_name
 from polytile.passes.pipeline import flag, register
@@ -52,6 +63,7 @@ EPILOGUE = "epilogue"
 def epilogue(fn: N.Function, target: Target, params: dict[str, Any]) -> N.Function:
     if not params.get("enabled", True):
         return fn
+    fn = _renamed(fn)
     root = Scope.root(fn.body)
     stmts = list(fn.body.stmts)
     for j in range(len(stmts) - 1):
@@ -69,6 +81,84 @@ def epilogue(fn: N.Function, target: Target, params: dict[str, Any]) -> N.Functi
             after = replace(merged(_adding(init, out.from_), after), name=after.name)
         stmts[j + 1] = replace(after, tags=after.tags | {EPILOGUE})
     return replace(fn, body=replace(fn.body, stmts=tuple(stmts)))
+
+
+def _renamed(fn: N.Function) -> N.Function:
+    """`z +=! x * w; y = f(z, ...)`, where z is a temporary that nothing else reads, with
+    the contraction (and z's fills before it) writing y instead, and the statement
+    `y = f(y, ...)` in place, which the loop in `epilogue` then takes."""
+    for j in range(len(fn.body.stmts) - 1):
+        root = Scope.root(fn.body)
+        stmts = list(fn.body.stmts)
+        contraction, after = stmts[j], stmts[j + 1]
+        out = _accumulated(contraction)
+        if out is None or not isinstance(contraction, N.Block) or \
+                not isinstance(after, N.Block) or fn.body.ref(out.from_).dir != "none":
+            continue
+        temp = out.from_
+        target = _reader_writing(after, temp)
+        if target is None or fn.body.ref(target).shape != fn.body.ref(temp).shape:
+            continue
+        users = [k for k, st in enumerate(stmts) if touches(st, temp)]
+        fills = [k for k in users if k < j]
+        if users[-1] != j + 1 or not all(_fills(root, stmts[k], contraction, temp)
+                                          for k in fills) or \
+                any(touches(st, target) for st in stmts[users[0]:j + 1]) or \
+                not _reads_what_was_written(root, after, contraction, temp):
+            continue
+        for k in users[:-1]:
+            st = stmts[k]
+            assert isinstance(st, N.Block)
+            stmts[k] = replace(st, refs=tuple(replace(r, from_=target) if r.from_ == temp
+                                              else r for r in st.refs))
+        stmts[j + 1] = _in_place(after, temp)
+        refs = tuple(r for r in fn.body.refs if r.from_ != temp and r.into != temp)
+        fn = replace(fn, body=replace(fn.body, refs=refs, stmts=tuple(stmts)))
+    return fn
+
+
+def _reader_writing(b: N.Block, temp: str) -> str | None:
+    """The buffer elementwise leaf `b` writes at the element where it reads `temp`, each
+    element once, when it reads `temp` through one view at its own indices (nothing
+    else) and writes that buffer alone."""
+    views = [r for r in b.refs if r.from_ == temp]
+    writes = [r for r in b.refs if r.dir != "in"]
+    if not _elementwise(b) or len(views) != 1 or views[0].dir != "in" or \
+            not _at_own_indices(b, views[0]) or len(writes) != 1:
+        return None
+    view, w = views[0], writes[0]
+    stores = [s for s in b.stmts if isinstance(s, N.Store)]
+    if w.dir != "out" or w.agg != "assign" or w.access != view.access or \
+            len(stores) != 1 or stores[0].ref != w.into:
+        return None
+    return w.from_
+
+
+def _fills(root: Scope, st: N.Statement, contraction: N.Block, temp: str) -> bool:
+    """Whether `st`, before the contraction, only fills the elements of `temp` the
+    contraction adds into."""
+    return isinstance(st, N.Block) and not any(isinstance(x, N.Block) for x in st.stmts) \
+        and all(r.dir == "out" for r in st.refs if r.from_ == temp) \
+        and same_writes(root, st, contraction, temp)
+
+
+def _reads_what_was_written(root: Scope, reader: N.Block, writer: N.Block,
+                            temp: str) -> bool:
+    """Whether `reader` reads exactly the elements of `temp` that `writer` writes (isl)."""
+    elems = root.variables + element_vars(root.depth, len(root.block.ref(temp).shape.dims))
+    read = to_set(elems, [footprint(only(root, reader), temp, READ)])
+    written = to_set(elems, [footprint(only(root, writer), temp, WRITE)])
+    return bool(read.is_equal(written))
+
+
+def _in_place(b: N.Block, temp: str) -> N.Block:
+    """`b` (see `_reader_writing`) reading what it overwrites from its output's view."""
+    view = next(r for r in b.refs if r.from_ == temp)
+    out = next(r for r in b.refs if r.dir != "in")
+    refs = tuple(replace(r, dir="inout") if r is out else r for r in b.refs if r is not view)
+    stmts = tuple(replace(s, ref=out.into) if isinstance(s, N.Load) and s.ref == view.into
+                  else s for s in b.stmts)
+    return replace(b, refs=refs, stmts=stmts)
 
 
 def _accumulated(st: N.Statement) -> N.Refinement | None:
@@ -94,21 +184,31 @@ def in_place_view(b: N.Block, buffer: str, direction: str = "inout") -> N.Refine
     """`b`'s view of `buffer` when `b` is an elementwise leaf that writes it (and nothing
     else) at its own indices, one per dimension, and reads everything else (also pass
     outlayout's test of a statement it can do in its transposing copy)."""
-    if not (_plain_leaf(b) and "elementwise" in b.tags) or b.constraints or \
-            any(i.affine is not None for i in b.idxs):
+    if not _elementwise(b):
         return None
     views = [r for r in b.refs if r.from_ == buffer]
     others_read = all(r.dir == "in" for r in b.refs if r.from_ != buffer)
     if len(views) != 1 or not others_read:
         return None
     view = views[0]
-    names = [a.names[0] if a.terms and a == N.Affine.index(a.names[0]) else ""
-             for a in view.access]
-    if view.dir != direction or view.agg != "assign" or "" in names or \
-            sorted(names) != sorted(i.name for i in b.idxs):
+    if view.dir != direction or not _at_own_indices(b, view):
         return None
     stores = [s for s in b.stmts if isinstance(s, N.Store)]
     return view if len(stores) == 1 and stores[0].ref == view.into else None
+
+
+def _elementwise(b: N.Block) -> bool:
+    return _plain_leaf(b) and "elementwise" in b.tags and not b.constraints and \
+        all(i.affine is None for i in b.idxs)
+
+
+def _at_own_indices(b: N.Block, view: N.Refinement) -> bool:
+    """Whether `view` of leaf `b` is at b's indices, one per dimension (element by
+    element), without aggregation."""
+    names = [a.names[0] if a.terms and a == N.Affine.index(a.names[0]) else ""
+             for a in view.access]
+    return view.agg == "assign" and "" not in names and \
+        sorted(names) == sorted(i.name for i in b.idxs)
 
 
 def _bias(root: Scope, stmts: list[N.Statement], j: int, buffer: str) -> int | None:

@@ -64,6 +64,62 @@ def test_the_bias_moves_into_the_activation() -> None:
     assert epilogue(before, AVX512, {"enabled": False}) == before
 
 
+LINEAR = """
+def linear(float(B,I) x, float(O,I) w, float(O) b) -> (y) {
+  z(n,o) +=! x(n,i) * w(o,i)
+  y(n,o) = 1 / (1 + exp(-(z(n,o) + b(o))))
+}
+"""
+
+
+def test_a_temporary_sum_is_written_into_the_output_it_becomes() -> None:
+    # z is read by the next statement only, element by element: the contraction adds into
+    # y, and y = sigmoid(y + b) is in place, an epilogue; z is gone.
+    before = lowered(LINEAR, {"x": (40, 96), "w": (80, 96), "b": (80,)})
+    after = epilogue(before, AVX512, {})
+    check_pass("epilogue_renamed", before, after)
+    assert _tagged(after) == ["s1"] and "z" not in {r.into for r in after.body.refs}
+    assert {r.from_ for s in after.body.stmts if isinstance(s, N.Block)
+            for r in s.refs if r.dir != "in"} == {"y"}
+    placed = run_pipeline(before, AVX512, {})
+    verify(placed)
+    assert [s.name for s in chain(block(placed, "s0"))[-2].stmts][-1] == "s1"
+    assert_same_meaning(before, placed, sum_of_products=True)
+
+
+def test_a_temporary_needed_elsewhere_keeps_its_name() -> None:
+    shapes = {"x": (8, 9), "w": (9, 9)}
+    for source in ("""
+def f(float(B,I) x, float(O,I) w) -> (y, u) {
+  z(n,o) +=! x(n,i) * w(o,i)
+  y(n,o) = fmaxf(z(n,o), 0)
+  u(n,o) = z(n,o) * 2
+}
+""", """
+def f(float(B,I) x, float(O,I) w) -> (y) {
+  y(n,i) = x(n,i) * 2
+  z(n,o) +=! y(n,i) * w(o,i)
+  y(n,o) = fmaxf(z(n,o), 0)
+}
+""", """
+def f(float(B,I) x, float(O,I) w) -> (y) {
+  z(n,o) +=! x(n,i) * w(o,i)
+  y(o,n) = fmaxf(z(n,o), 0)
+}
+""", """
+def f(float(B,I) x, float(O,I) w) -> (z, y) {
+  z(n,o) +=! x(n,i) * w(o,i)
+  y(n,o) = fmaxf(z(n,o), 0)
+}
+"""):
+        # Read after the statement; the output read by the contraction; written
+        # transposed; not a temporary.
+        before = lowered(source, shapes)
+        after = epilogue(before, AVX512, {})
+        assert any(r.into == "z" for r in after.body.refs), source
+        assert _tagged(after) == [], source
+
+
 def test_autotile_runs_it_in_the_register_tiles() -> None:
     before = _fcrelu(40, 96, 80)
     after = run_pipeline(before, AVX512, {})
@@ -178,14 +234,20 @@ def mlp2(float(B,I) x, float(H,I) w1, float(H) b1, float(O,H) w2, float(O) b2,
 """
 
 
+# The same layers with the second one's sum in a temporary (renamed into y).
+RENAMED = LAYERS.replace("y(n,o) +=! h(n,k)", "z(n,o) +=! h(n,k)").replace(
+    "fmaxf(y(n,o) + b2(o)", "fmaxf(z(n,o) + b2(o)")
+
+
+@pytest.mark.parametrize("source", [LAYERS, RENAMED], ids=["in-place", "temporary"])
 @pytest.mark.parametrize("target_name", RUNNABLE)
 @pytest.mark.parametrize("batch, inputs, hidden, outputs", [(37, 53, 71, 29), (130, 100, 100, 70),
                                                             (5, 3, 17, 1)])
-def test_compiled_layers_match_the_reference(target_name: str, batch: int, inputs: int,
-                                             hidden: int, outputs: int) -> None:
+def test_compiled_layers_match_the_reference(source: str, target_name: str, batch: int,
+                                             inputs: int, hidden: int, outputs: int) -> None:
     """A bias moved into a tanh, an epilogue with a residual, strided inputs."""
-    fn = pt.define(LAYERS, target=target_name).mlp2
-    ref = pt.define(LAYERS, backend="interp").mlp2
+    fn = pt.define(source, target=target_name).mlp2
+    ref = pt.define(source, backend="interp").mlp2
     rng = np.random.default_rng(batch + hidden)
     x = np.zeros((batch, 2 * inputs), np.float32)[:, ::2]
     x[...] = rng.standard_normal((batch, inputs))
