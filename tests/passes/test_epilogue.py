@@ -211,12 +211,13 @@ def test_an_epilogue_outside_its_tile_is_refused() -> None:
 @settings(max_examples=8, deadline=None)
 @given(batch=st.integers(1, 20), inputs=st.integers(1, 40), outputs=st.integers(1, 70))
 def test_the_pipeline_keeps_the_meaning(batch: int, inputs: int, outputs: int) -> None:
-    """Placed or not, the optimized IR means what the program meant."""
-    before = _fcrelu(batch, inputs, outputs)
-    for t in (AVX512, AVX2):
-        after = run_pipeline(before, t, {})
-        verify(after)
-        assert_same_meaning(before, after, seeds=(batch,), sum_of_products=True)
+    """Placed or not, renamed or not, the optimized IR means what the program meant."""
+    shapes = {"x": (batch, inputs), "w": (outputs, inputs), "b": (outputs,)}
+    for before in (_fcrelu(batch, inputs, outputs), lowered(LINEAR, shapes)):
+        for t in (AVX512, AVX2):
+            after = run_pipeline(before, t, {})
+            verify(after)
+            assert_same_meaning(before, after, seeds=(batch,), sum_of_products=True)
 
 
 RUNNABLE = [t for t in ("cpu-avx512", "cpu-avx2", "cpu-generic")
