@@ -100,8 +100,15 @@ def fold(scope: Scope, k: int, j: int) -> tuple[str, ...] | str:
 def same_writes(scope: Scope, a: Block, b: Block, buffer: str) -> bool:
     """Whether blocks `a` and `b` of scope's block write the same elements of its buffer
     `buffer` (isl)."""
+    return same_elements(scope, buffer, (a, WRITE), (b, WRITE))
+
+
+def same_elements(scope: Scope, buffer: str, a: tuple[Block, str],
+                  b: tuple[Block, str]) -> bool:
+    """Whether two blocks of scope's block touch the same elements of its buffer
+    `buffer`, each as a (block, READ or WRITE) pair says (isl)."""
     elems = scope.variables + element_vars(scope.depth, len(scope.block.ref(buffer).shape.dims))
-    sets = [to_set(elems, [footprint(only(scope, st), buffer, WRITE)]) for st in (a, b)]
+    sets = [to_set(elems, [footprint(only(scope, st), buffer, mode)]) for st, mode in (a, b)]
     return bool(sets[0].is_equal(sets[1]))
 
 

@@ -38,20 +38,11 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from polytile.analysis.fold import chain, chain_views, same_writes
+from polytile.analysis.fold import chain, chain_views, same_elements, same_writes
 from polytile.analysis.overwrite import touches
-from polytile.analysis.sink import only
 from polytile.analysis.vectorizable import boundary_versions, why_not_vector
 from polytile.ir import nodes as N
-from polytile.ir.polyhedra import (
-    READ,
-    WRITE,
-    Scope,
-    element_vars,
-    footprint,
-    to_set,
-    writes_disjoint,
-)
+from polytile.ir.polyhedra import READ, WRITE, Scope, writes_disjoint
 from polytile.passes.merge import merged
 from polytile.passes.names import fresh_name
 from polytile.passes.pipeline import flag, register
@@ -104,7 +95,7 @@ def _renamed(fn: N.Function) -> N.Function:
         if users[-1] != j + 1 or not all(_fills(root, stmts[k], contraction, temp)
                                           for k in fills) or \
                 any(touches(st, target) for st in stmts[users[0]:j + 1]) or \
-                not _reads_what_was_written(root, after, contraction, temp):
+                not same_elements(root, temp, (after, READ), (contraction, WRITE)):
             continue
         for k in users[:-1]:
             st = stmts[k]
@@ -140,15 +131,6 @@ def _fills(root: Scope, st: N.Statement, contraction: N.Block, temp: str) -> boo
     return isinstance(st, N.Block) and not any(isinstance(x, N.Block) for x in st.stmts) \
         and all(r.dir == "out" for r in st.refs if r.from_ == temp) \
         and same_writes(root, st, contraction, temp)
-
-
-def _reads_what_was_written(root: Scope, reader: N.Block, writer: N.Block,
-                            temp: str) -> bool:
-    """Whether `reader` reads exactly the elements of `temp` that `writer` writes (isl)."""
-    elems = root.variables + element_vars(root.depth, len(root.block.ref(temp).shape.dims))
-    read = to_set(elems, [footprint(only(root, reader), temp, READ)])
-    written = to_set(elems, [footprint(only(root, writer), temp, WRITE)])
-    return bool(read.is_equal(written))
 
 
 def _in_place(b: N.Block, temp: str) -> N.Block:
