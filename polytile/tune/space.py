@@ -199,7 +199,10 @@ class Space:
         """TC §6.2's "predefined strategies": the heuristics' schedules under every
         other setting of the pipeline choices, then each of those and the default at
         half vector width. Pruned points are left out."""
-        points = [self.encode(Options.of({}, dict(v.passes))) for v in self.variants[1:]]
+        # Each variant with its own blocks' schedules: a block of the same name may be
+        # another kernel there (a GEMM of its own in rows, a row loop's member in a plan).
+        points = [self.encode(Options.of({kb.name: kb.default for kb in v.blocks},
+                                         dict(v.passes))) for v in self.variants[1:]]
         if "lanes" in self._index:
             k = self._index["lanes"]
             half = self.genes[k].values.index(2) if 2 in self.genes[k].values else None
