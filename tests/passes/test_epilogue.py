@@ -240,10 +240,13 @@ RENAMED = LAYERS.replace("y(n,o) +=! h(n,k)", "z(n,o) +=! h(n,k)").replace(
     "fmaxf(y(n,o) + b2(o)", "fmaxf(z(n,o) + b2(o)")
 
 
-@pytest.mark.parametrize("source", [LAYERS, RENAMED], ids=["in-place", "temporary"])
 @pytest.mark.parametrize("target_name", RUNNABLE)
-@pytest.mark.parametrize("batch, inputs, hidden, outputs", [(37, 53, 71, 29), (130, 100, 100, 70),
-                                                            (5, 3, 17, 1)])
+@pytest.mark.parametrize("source, batch, inputs, hidden, outputs", [
+    pytest.param(LAYERS, 37, 53, 71, 29, id="in-place-37"),
+    pytest.param(LAYERS, 130, 100, 100, 70, id="in-place-130"),
+    pytest.param(LAYERS, 5, 3, 17, 1, id="in-place-5"),
+    pytest.param(RENAMED, 37, 53, 71, 29, id="temporary-37"),
+    pytest.param(RENAMED, 5, 3, 17, 1, id="temporary-5")])
 def test_compiled_layers_match_the_reference(source: str, target_name: str, batch: int,
                                              inputs: int, hidden: int, outputs: int) -> None:
     """A bias moved into a tanh, an epilogue with a residual, strided inputs."""
