@@ -78,9 +78,8 @@ def _renamed(fn: N.Function) -> N.Function:
     """`z +=! x * w; y = f(z, ...)`, where z is a temporary that nothing else reads, with
     the contraction (and z's fills before it) writing y instead, and the statement
     `y = f(y, ...)` in place, which the loop in `epilogue` then takes."""
-    for j in range(len(fn.body.stmts) - 1):
-        root = Scope.root(fn.body)
-        stmts = list(fn.body.stmts)
+    root, stmts = Scope.root(fn.body), list(fn.body.stmts)
+    for j in range(len(stmts) - 1):
         contraction, after = stmts[j], stmts[j + 1]
         out = _accumulated(contraction)
         if out is None or not isinstance(contraction, N.Block) or \
@@ -103,26 +102,22 @@ def _renamed(fn: N.Function) -> N.Function:
             stmts[k] = replace(st, refs=tuple(replace(r, from_=target) if r.from_ == temp
                                               else r for r in st.refs))
         stmts[j + 1] = _in_place(after, temp)
-        refs = tuple(r for r in fn.body.refs if r.from_ != temp and r.into != temp)
+        refs = tuple(r for r in fn.body.refs if r.into != temp)
         fn = replace(fn, body=replace(fn.body, refs=refs, stmts=tuple(stmts)))
+        root = Scope.root(fn.body)
     return fn
 
 
 def _reader_writing(b: N.Block, temp: str) -> str | None:
-    """The buffer elementwise leaf `b` writes at the element where it reads `temp`, each
-    element once, when it reads `temp` through one view at its own indices (nothing
-    else) and writes that buffer alone."""
+    """The buffer elementwise leaf `b` writes element by element (`in_place_view`, the
+    only view it writes), when it reads `temp` through one view at the same elements."""
     views = [r for r in b.refs if r.from_ == temp]
     writes = [r for r in b.refs if r.dir != "in"]
-    if not _elementwise(b) or len(views) != 1 or views[0].dir != "in" or \
-            not _at_own_indices(b, views[0]) or len(writes) != 1:
+    if len(views) != 1 or views[0].dir != "in" or len(writes) != 1 or \
+            in_place_view(b, writes[0].from_, "out") is None or \
+            views[0].access != writes[0].access:
         return None
-    view, w = views[0], writes[0]
-    stores = [s for s in b.stmts if isinstance(s, N.Store)]
-    if w.dir != "out" or w.agg != "assign" or w.access != view.access or \
-            len(stores) != 1 or stores[0].ref != w.into:
-        return None
-    return w.from_
+    return writes[0].from_
 
 
 def _fills(root: Scope, st: N.Statement, contraction: N.Block, temp: str) -> bool:
@@ -166,31 +161,21 @@ def in_place_view(b: N.Block, buffer: str, direction: str = "inout") -> N.Refine
     """`b`'s view of `buffer` when `b` is an elementwise leaf that writes it (and nothing
     else) at its own indices, one per dimension, and reads everything else (also pass
     outlayout's test of a statement it can do in its transposing copy)."""
-    if not _elementwise(b):
+    if not (_plain_leaf(b) and "elementwise" in b.tags) or b.constraints or \
+            any(i.affine is not None for i in b.idxs):
         return None
     views = [r for r in b.refs if r.from_ == buffer]
     others_read = all(r.dir == "in" for r in b.refs if r.from_ != buffer)
     if len(views) != 1 or not others_read:
         return None
     view = views[0]
-    if view.dir != direction or not _at_own_indices(b, view):
+    names = [a.names[0] if a.terms and a == N.Affine.index(a.names[0]) else ""
+             for a in view.access]
+    if view.dir != direction or view.agg != "assign" or "" in names or \
+            sorted(names) != sorted(i.name for i in b.idxs):
         return None
     stores = [s for s in b.stmts if isinstance(s, N.Store)]
     return view if len(stores) == 1 and stores[0].ref == view.into else None
-
-
-def _elementwise(b: N.Block) -> bool:
-    return _plain_leaf(b) and "elementwise" in b.tags and not b.constraints and \
-        all(i.affine is None for i in b.idxs)
-
-
-def _at_own_indices(b: N.Block, view: N.Refinement) -> bool:
-    """Whether `view` of leaf `b` is at b's indices, one per dimension (element by
-    element), without aggregation."""
-    names = [a.names[0] if a.terms and a == N.Affine.index(a.names[0]) else ""
-             for a in view.access]
-    return view.agg == "assign" and "" not in names and \
-        sorted(names) == sorted(i.name for i in b.idxs)
 
 
 def _bias(root: Scope, stmts: list[N.Statement], j: int, buffer: str) -> int | None:
