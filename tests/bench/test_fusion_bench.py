@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from polytile import cli
+from polytile.bench import command
 from polytile.bench.fusion import FusionRow, table
 from polytile.bench.fusion_workloads import logreg
 from polytile.config import load_config
@@ -39,6 +40,7 @@ def test_cli_bench_fusion_probes_stores_and_tables(tmp_path: Path,
                                                     monkeypatch: pytest.MonkeyPatch,
                                                     capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setenv("POLYTILE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(command, "BLAS_ENV_VARS", ())   # never re-run in a child here
     results = tmp_path / "RESULTS.md"
     assert cli.main(["bench", "--fusion", "--quick", "--only", "logreg", "--no-compile",
                      f"--write={results}"]) == 0

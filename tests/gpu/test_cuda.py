@@ -196,8 +196,11 @@ def test_a_cuda_target_asking_for_the_cpu_tensorize_pass_is_pointed_to_tensor_co
 @pytest.mark.parametrize("command", [["bench", "--quick", "--only", "tmm"],
                                      ["tune", "TMM", "--sizes", "M=8,K=8,N=8", "--budget", "5s"]])
 def test_bench_and_tune_refuse_a_cuda_target_without_a_device(
-        command: list[str], tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+        command: list[str], tmp_path: Path, capsys: pytest.CaptureFixture,
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """They would time nothing: refused before any work, saying why."""
+    from polytile.bench import command as bench_command
+    monkeypatch.setattr(bench_command, "BLAS_ENV_VARS", ())   # never re-run in a child here
     source = tmp_path / "tmm.tc"
     source.write_text(TMM)
     argv = [str(source) if word == "TMM" else word for word in command]
