@@ -29,7 +29,9 @@ of `P` over the same iterations. `P`'s box of `T` must fit in half of L2 (the re
 the move), `P` may not touch what `C` writes, and `analysis.sink` must prove that each
 element `C` reads is written by the same iteration of `P` and by no other. Runs last in
 the CPU pipelines, after pass fold (whose proof accepts such a reader; the init `P`'s
-first writes replace still runs nowhere).
+first writes replace still runs nowhere). A `C` whose first writes pass fold made
+stores (`first(...)` on its micro-kernel) stays where it is if the move would split one
+of those reduction indices over `P`'s chunks (each chunk would store again).
 
 Intel Xeon (Cascade Lake), two threads, the group convolution 32x32x16x16x14x14 with its
 bias done in the transpose (pass outlayout): 6.57 ms, 7.61 with this pass off
@@ -42,6 +44,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from polytile.analysis.fold import chain
 from polytile.analysis.sink import final_reads
 from polytile.ir import nodes as N
 from polytile.ir.polyhedra import Scope
@@ -106,6 +109,13 @@ def _sunk(p: N.Block, c: N.Block, budget: int) -> N.Block | None:
         start[c_idx] = N.Affine.of({p_idx: tile // step})
         count[c_idx] = tile // step
     if set(count) != set(c_range):
+        return None
+    # A contraction that pass fold made store where its outer reduction indices are 0
+    # (`first(...)`) cannot have one of them split over P's chunks: each chunk would
+    # start at 0 again and overwrite the sums of the chunks before it.
+    levels = chain(c)
+    if levels and any(count.get(n, 0) != c_range.get(n, 0)
+                      for n in levels[-1].schedule.first or ()):
         return None
     taken = {r.into for r in p.refs} | {r.from_ for r in p.refs}
     new_refs: list[N.Refinement] = []

@@ -109,3 +109,36 @@ def test_compiled_group_convolutions_match_the_reference(target_name: str, n: in
     bias = rng.standard_normal((g, 32)).astype(np.float32)[:, ::2]
     np.testing.assert_allclose(fn(image, weights, bias), ref(image, weights, bias),
                                rtol=1e-4, atol=1e-4)
+
+
+def test_a_folded_contraction_is_not_split_over_the_chunks_of_its_pack() -> None:
+    """The tuner found this schedule (gconv 32x32x16x16x14x14, AMD EPYC Zen 5 host): the
+    packing of the weights tiled along the window row, and the contraction tiled so that
+    its chunks are the pack's. Moved into the pack's loop, the contraction, whose first
+    writes pass fold made stores (`first(i6_c)`), started its window sum at 0 again in
+    every chunk and kept only the last row's. The window row now stays whole."""
+    from polytile.sema.specialize import specialize
+    from polytile.tune.options import Options
+    options = Options.from_json({
+        "passes": {"ptrinc.enabled": False, "pack.min_reuse": 1, "outlayout.enabled": True},
+        "schedules": {
+            "pack_p1_panels0": {"lanes": 1, "parallel": False, "tiles": [["a3", 1]],
+                                "unroll": [], "vector": None, "vectors": 1},
+            "s0": {"lanes": 16, "parallel": True, "tiles": [["i1", 1], ["i6", 1]],
+                   "unroll": [], "vector": "i2", "vectors": 1}}}).pass_options()
+    mod = pt.define(GCONV, target="cpu-avx512")
+    mod.compiler.options = options
+    rng = np.random.default_rng(7)
+    image = rng.standard_normal((4, 4, 16, 8, 8)).astype(np.float32)
+    weights = rng.standard_normal((4, 16, 16, 3, 3)).astype(np.float32)
+    bias = rng.standard_normal((4, 16)).astype(np.float32)
+    ir = mod.compiler.ir(specialize(mod.gconv.fn, {"I": image.shape, "W1": weights.shape,
+                                                   "B": bias.shape}, {}))
+    verify(ir)
+    pack = block(ir, "pack_p1_panels0")
+    assert "s0" not in [s.name for s in pack.stmts if isinstance(s, N.Block)]
+    assert block(ir, "s0").stmts[0].schedule.first == ("i6_c",)  # type: ignore[union-attr]
+    if "cpu-avx512" in RUNNABLE:
+        ref = pt.define(GCONV, backend="interp").gconv
+        np.testing.assert_allclose(mod.gconv(image, weights, bias), ref(image, weights, bias),
+                                   rtol=1e-4, atol=1e-4)
