@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from polytile import dtypes
 from polytile.analysis.deps import scalar_indices
-from polytile.codegen.cops import VECTOR_OPS  # the C backend's ops with a vector form
+from polytile.codegen.cops import MASK_OPS, VECTOR_OPS  # the C backend's vector ops
 from polytile.ir.nodes import Affine, Block, Constant, Intrinsic, Load, LoadIndex, Store
 
 MASKED_LANES = (8, 16)     # vector widths with masked moves (AVX, AVX-512)
@@ -37,6 +37,7 @@ def why_not_vector(blk: Block, vector: str) -> str | None:
         if uses and uses != [(1, 1)]:
             return f"view {ref.into} does not move by one element along {vector}"
     deps = scalar_indices(blk)
+    types = _types(blk)
     for st in blk.stmts:
         if isinstance(st, Load):
             if any(d is not None and vector in deps[d] for d in st.dynamic):
@@ -46,10 +47,11 @@ def why_not_vector(blk: Block, vector: str) -> str | None:
             if vector in deps[st.into] and blk.ref(st.ref).shape.dtype != dtypes.FLOAT32:
                 return f"load {st.into} is not float32"
         elif isinstance(st, Intrinsic) and vector in deps[st.into]:
-            if st.op not in VECTOR_OPS:
-                return f"{st.op} has no vector form"
-            if st.dtype != dtypes.FLOAT32:
-                return f"{st.op} computes {st.dtype}, not float32"
+            reason = _why_not_op(st, types, {a for a in st.inputs if vector in deps[a]})
+            if reason is not None:
+                return reason
+    if types.get(stores[0].value) == dtypes.BOOL:
+        return f"it stores the mask {stores[0].value}"
     out = blk.ref(stores[0].ref)
     if out.shape.dtype != dtypes.FLOAT32:     # every aggregation has a vector form
         return f"its output {out.into} is not float32"
@@ -61,6 +63,43 @@ def why_not_vector(blk: Block, vector: str) -> str | None:
         return "an unrolled index is a reduction"
     if vector not in written and out.agg == "assign":
         return f"{vector} is reduced by assignment"
+    return None
+
+
+def _types(blk: Block) -> dict[str, dtypes.DType]:
+    """The dtype of every scalar the leaf computes."""
+    types: dict[str, dtypes.DType] = {}
+    for st in blk.stmts:
+        if isinstance(st, Load):
+            types[st.into] = blk.ref(st.ref).shape.dtype
+        elif isinstance(st, (Constant, Intrinsic)):
+            types[st.into] = st.dtype
+        elif isinstance(st, LoadIndex):
+            types[st.into] = dtypes.INT64
+    return types
+
+
+def _why_not_op(st: Intrinsic, types: dict[str, dtypes.DType], varying: set[str]
+                ) -> str | None:
+    """None when op `st`, which varies along the vector index, has a vector form for its
+    operand types: float32 ops on float32 vectors (scalar operands are converted when
+    broadcast; a cast also turns a mask into 1s and 0s), and the mask ops, whose operands
+    all have their kind's type (comparisons of float32, logic of masks, select by a
+    mask)."""
+    if st.op not in VECTOR_OPS:
+        return f"{st.op} has no vector form"
+    if st.op in MASK_OPS:
+        kinds = MASK_OPS[st.op][0]
+        wanted = tuple(dtypes.BOOL if k == "mask" else dtypes.FLOAT32 for k in kinds)
+    else:
+        if st.dtype != dtypes.FLOAT32:
+            return f"{st.op} computes {st.dtype}, not float32"
+        masks = (dtypes.BOOL,) if st.op == "cast" else ()
+        wanted = tuple(types[a] if a not in varying or types[a] in masks
+                       else dtypes.FLOAT32 for a in st.inputs)
+    for a, want in zip(st.inputs, wanted):
+        if types[a] != want:
+            return f"{st.op} reads {a} of {types[a]}, not {want}"
     return None
 
 

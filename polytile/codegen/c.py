@@ -70,7 +70,7 @@ from dataclasses import dataclass
 
 from polytile import dtypes
 from polytile.codegen import cexpr
-from polytile.codegen.cops import C_OPS, VECTOR_IDENTITIES, Lanewise
+from polytile.codegen.cops import C_OPS, MASK_OPS, VECTOR_IDENTITIES, Lanewise
 from polytile.codegen.vmath import vector_math
 from polytile.errors import IRError, UnsupportedError
 from polytile.ir.nodes import Affine, Function
@@ -353,7 +353,7 @@ class _Printer:
                 return [f"pt_vf {st.name};",
                         f"for (int pt_l = 0; pt_l < {st.type.lanes}; pt_l++) "
                         f"{st.name}[pt_l] = {form.template.format(f'{x}[pt_l]')};"]
-            ctype = "pt_vf"
+            ctype = "pt_vi" if st.type.dtype == dtypes.BOOL else "pt_vf"
         else:
             ctype = cexpr.scalar_type(st.type.dtype)
         value = cexpr.strip(self.expr(st.value, st.type))
@@ -368,8 +368,8 @@ class _Printer:
         `pt_v_<dtype>x<lanes>` and only loaded and stored (whole or their first lanes),
         filled with a literal, shuffled and passed to instructions (an AMX tile is a 1 KiB
         one)."""
-        return t.lanes > 1 and not (t.dtype == dtypes.FLOAT32 and t.lanes <= 16
-                                    and self.vector in (None, t))
+        return t.lanes > 1 and not (t.dtype in (dtypes.FLOAT32, dtypes.BOOL) and t.lanes <= 16
+                                    and self.vector in (None, _float32(t)))
 
     def typed_name(self, t: L.VType) -> str:
         name = f"pt_v_{t.dtype.name}x{t.lanes}"
@@ -464,6 +464,7 @@ class _Printer:
         return lines + [_OPERAND.sub(operand, form)]
 
     def use_vector(self, t: L.VType) -> None:
+        t = _float32(t)                 # a mask is a pt_vi of the same lanes
         if t.dtype != dtypes.FLOAT32:
             raise UnsupportedError(f"the C backend has float32 vectors only, not {t}")
         if self.vector is not None and self.vector != t:
@@ -637,11 +638,14 @@ class _Printer:
                 return cexpr.intrinsic(e.op, args, e.dtype, self.needs)
             if e.op in VECTOR_IDENTITIES:
                 return e.args[0]
-            form = C_OPS[e.op].vector if e.op in C_OPS else None
+            form = MASK_OPS[e.op][1] if e.op in MASK_OPS else \
+                C_OPS[e.op].vector if e.op in C_OPS else None
             if not isinstance(form, str):
                 raise UnsupportedError(f"op {e.op!r} has no vector form in the C backend")
             return form.format(*e.args)
         if isinstance(e, L.Broadcast):
+            if t.dtype == dtypes.BOOL:      # all ones where the bool (0 or 1) is true
+                return f"((pt_vi){{}} - (int32_t){e.value})"
             return f"pt_vsplat({e.value})"
         if isinstance(e, L.Combine):
             if self.typed(t):
@@ -676,6 +680,11 @@ class _Printer:
 
 
 UNSIGNED = {8: dtypes.UINT8, 16: dtypes.UINT16, 32: dtypes.UINT32, 64: dtypes.UINT64}
+
+
+def _float32(t: L.VType) -> L.VType:
+    """The float32 vector type of mask type `t` (`pt_vi` has `pt_vf`'s lanes)."""
+    return L.VType(dtypes.FLOAT32, t.lanes) if t.dtype == dtypes.BOOL else t
 
 
 def _vcombine(agg: str, acc: str, value: str) -> str:

@@ -7,7 +7,8 @@ enclosing parentheses (for call arguments); `{f}` the libm suffix ("f" below dou
 `{one}`, `{zero}` literals of the type; `{t}` the integer type and `{w}` its wide
 unsigned type (wrapping arithmetic, as NumPy); `{helper}` the integer division helper's
 suffix (cexpr.Needs.divmod). Comparisons, logic, select and conversions are not rows:
-they follow from the operand types (cexpr).
+their scalar forms follow from the operand types (cexpr); their vector forms, on masks,
+are MASK_OPS.
 """
 from __future__ import annotations
 
@@ -80,6 +81,21 @@ C_OPS: dict[str, COp] = {
     **{name: _math2(name) for name in ("atan2", "pow", "fmod", "hypot", "copysign")},
 }
 
-# Ops whose vector form is the operand itself (float32 to float32).
+# Ops whose vector form is the operand itself (float32 to float32; a cast of a mask to
+# float32 is a select of 1 and 0, polytile.loops.vector).
 VECTOR_IDENTITIES = frozenset({"ident", "cast"})
-VECTOR_OPS = frozenset(n for n, op in C_OPS.items() if op.vector is not None) | VECTOR_IDENTITIES
+
+# Comparisons of float32 vectors give masks (`pt_vi`: a lane all ones where true, zero
+# where false: GCC's vector comparison), logic combines masks, select picks float32 lanes
+# by a mask. The ordered comparisons are false, and != true, where a lane is NaN, as in
+# scalar C and NumPy.
+MASK_OPS: dict[str, tuple[tuple[str, ...], str]] = {   # op: (operand kinds, vector form)
+    **{op: (("float", "float"), f"({{0}} {symbol} {{1}})") for op, symbol in (
+        ("eq", "=="), ("ne", "!="), ("lt", "<"), ("le", "<="), ("gt", ">"), ("ge", ">="))},
+    "and": (("mask", "mask"), "({0} & {1})"),
+    "or": (("mask", "mask"), "({0} | {1})"),
+    "not": (("mask",), "(~{0})"),
+    "select": (("mask", "float", "float"), "pt_vsel({0}, {1}, {2})"),
+}
+VECTOR_OPS = (frozenset(n for n, op in C_OPS.items() if op.vector is not None)
+              | VECTOR_IDENTITIES | frozenset(MASK_OPS))

@@ -33,7 +33,7 @@ from polytile import dtypes
 from polytile.analysis.deps import scalar_indices
 from polytile.analysis.vectorizable import (boundary_versions, lane_bound, tile_condition,
                                            why_not_vector)
-from polytile.codegen.cops import VECTOR_IDENTITIES
+from polytile.codegen.cops import MASK_OPS, VECTOR_IDENTITIES
 from polytile.errors import IRError
 from polytile.ir.nodes import (AGG_IDENTITY, Affine, Block, Constant, Intrinsic, Load, LoadIndex,
                                Store)
@@ -225,6 +225,7 @@ class _Emitter:
         self.store = next(s for s in blk.stmts if isinstance(s, Store))
         self.out = blk.ref(self.store.ref)
         self.dtypes: dict[str, dtypes.DType] = {}     # loop IR scalars' types
+        self.masks: set[str] = set()                   # loop IR vectors that are masks
         # Looked up once per value: built once (rebuilding it per lookup was quadratic).
         self.defs: dict[str, object] = {s.into: s for s in blk.stmts
                                         if isinstance(s, (Load, Constant, Intrinsic, LoadIndex))}
@@ -467,14 +468,16 @@ class _Emitter:
         value, is_vec = self.value(name, at, combo, base, n, memo, out)
         return value if is_vec else self.broadcast(value, memo, out)
 
-    def broadcast(self, name: str, memo: dict, out: list[L.Stmt]) -> str:
-        """Scalar `name` in every lane (once per straight-line body, like values)."""
-        key = ("broadcast", name)
+    def broadcast(self, name: str, memo: dict, out: list[L.Stmt],
+                  dtype: dtypes.DType = dtypes.FLOAT32) -> str:
+        """Scalar `name` in every lane, as a float32 vector or, `dtype` bool, a mask (once
+        per straight-line body, like values)."""
+        key = ("broadcast", name, dtype)
         if key not in memo:
-            scalar = self.low.convert(name, self.dtypes[name], dtypes.FLOAT32, "s", out)
-            self.dtypes[scalar] = dtypes.FLOAT32
+            scalar = self.low.convert(name, self.dtypes[name], dtype, "s", out)
+            self.dtypes[scalar] = dtype
             memo[key] = self.low.fresh("v")
-            out.append(L.Let(memo[key], self.p.vtype, L.Broadcast(scalar)))
+            out.append(L.Let(memo[key], L.VType(dtype, self.p.lanes), L.Broadcast(scalar)))
         return memo[key]
 
     def value(self, name: str, at: dict[str, Affine], combo: dict[str, int], base: int,
@@ -538,12 +541,27 @@ class _Emitter:
         if not any(v for _, v in args):
             names = tuple(a for a, _ in args)
             return self.scalar(st.dtype, L.Op(st.op, names, st.dtype), out), False
-        if st.op in VECTOR_IDENTITIES:     # float32 -> float32 on vectors
-            return args[0]
-        xs = tuple(a if v else self.broadcast(a, memo, out) for a, v in args)
+        if st.op in VECTOR_IDENTITIES:
+            if st.op == "ident" or args[0][0] not in self.masks:
+                return args[0]              # float32 -> float32 on vectors
+            # a cast of a mask to float32: 1 where true, else 0
+            ones, zeros = (self.broadcast(self.scalar(dtypes.FLOAT32, L.Lit(x), out), memo, out)
+                           for x in (1.0, 0.0))
+            return self._op("select", (args[0][0], ones, zeros), dtypes.FLOAT32, out), True
+        kinds = MASK_OPS[st.op][0] if st.op in MASK_OPS else ("float",) * len(args)
+        xs = tuple(a if v else self.broadcast(a, memo, out, dtypes.BOOL if k == "mask"
+                                                 else dtypes.FLOAT32)
+                   for (a, v), k in zip(args, kinds))
+        return self._op(st.op, xs, st.dtype if st.op in MASK_OPS else dtypes.FLOAT32, out), True
+
+    def _op(self, op: str, args: tuple[str, ...], dtype: dtypes.DType,
+            out: list[L.Stmt]) -> str:
+        """A vector of `op` on vectors `args`: float32, or a mask where `dtype` is bool."""
         var = self.low.fresh("v")
-        out.append(L.Let(var, self.p.vtype, L.Op(st.op, xs, dtypes.FLOAT32)))
-        return var, True
+        if dtype == dtypes.BOOL:
+            self.masks.add(var)
+        out.append(L.Let(var, L.VType(dtype, self.p.lanes), L.Op(op, args, dtype)))
+        return var
 
 
 def _consecutive(views: list[View], k: int, lanes: int) -> int:

@@ -72,6 +72,14 @@ def _with_nans(rng: np.random.Generator, m: int, n: int) -> np.ndarray:
     return x
 
 
+def _with_zeros_and_nans(rng: np.random.Generator, m: int, n: int) -> np.ndarray:
+    x = normal(rng, m, n)
+    x[rng.random((m, n)) < 0.2] = 0.0
+    x[rng.random((m, n)) < 0.1] = np.nan
+    x[0, -1] = np.nan                     # a tail lane unless n % lanes == 0
+    return x
+
+
 def _conv(x: np.ndarray, w: np.ndarray) -> np.ndarray:
     n, _, h, wd = x.shape
     f, _, kh, kw = w.shape
@@ -149,6 +157,20 @@ KERNELS = [
 }""", ((2, 3, 14, 14, 5),),
            lambda r, s: (normal(r, s[0], s[1], s[2], s[3]), normal(r, s[4], s[1], 3, 3)),
            _conv),
+    # Comparisons, logic and selects on masks: a ReLU's derivative as autodiff writes it
+    # (0.5 at 0), a threshold per column, a condition per row (one mask in every lane),
+    # a mask turned into 1s and 0s, with NaNs (false in every ordered comparison).
+    Kernel("masks", """def masks(float(M,N) X, float(M,N) G, float(N) t, float(M) r) -> (D, S, C) {
+  D(i,j) = X(i,j) > 0.0 ? G(i,j) : X(i,j) == 0.0 ? G(i,j) * 0.5 : 0.0
+  S(i,j) = r(i) > 0.0 && !(X(i,j) >= t(j)) || X(i,j) != X(i,j) ? X(i,j) : -G(i,j)
+  C(i,j) = float(X(i,j) < t(j)) * G(i,j) + float(r(i) <= 0.0)
+}""", ((13, 67), (5, 14), (1, 3)),
+           lambda r, s: (_with_zeros_and_nans(r, *s), normal(r, *s), normal(r, s[1]),
+                         normal(r, s[0])),
+           lambda x, g, t, r: (
+               np.where(x > 0, g, np.where(x == 0, g * np.float32(0.5), np.float32(0))),
+               np.where(((r[:, None] > 0) & ~(x >= t)) | np.isnan(x), x, -g),
+               f32(f64(x < t) * f64(g) + f64(r[:, None] <= 0))), tolerance=0.0),
     Kernel("rows_w14", """def scale(float(M,W) X, float(W) g) -> (Y) {
   Y(i,w) = X(i,w) * g(w) + 1
 }""", ((37, 14), (1, 14)),
