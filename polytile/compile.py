@@ -115,13 +115,14 @@ class Compiler:
         heuristics are used: one bad row must not break every call of its shapes."""
         if self.options or self.tuned is None:
             options = self.planned(spec, self.options)
-            return self.optimize(lowered, options), options
+            optimized = self.optimize(lowered, options)
+            return (_verified(optimized) if self.options else optimized), options
         key = self.tuning_key(spec, lowered)
         tuned = self.tuned(key) or {}
         if tuned:
             try:
                 tuned = self.planned(spec, tuned)
-                return self.optimize(lowered, tuned), tuned
+                return _verified(self.optimize(lowered, tuned)), tuned
             except PolytileError as e:
                 _warn_unusable_entry(key, tuned, e, spec.fn.name)
         options = self.planned(spec, {})
@@ -171,6 +172,21 @@ class Compiler:
         unfilled = tuple(p in written for p in params[len(params) - len(spec.fn.outputs):])
         return CompiledFunction(spec, kernel, built.library.source_path, built.key, unfilled,
                                 output_pool(self.config.output_pool_bytes))
+
+
+def _verified(fn: N.Function) -> N.Function:
+    """`fn`, optimized with options from outside the heuristics (the caller's, a tuner's
+    candidate, the tuning database's), once the IR verifier accepts it. Such options
+    build schedules no test built; where a pass mishandles one, the compile fails here
+    (IRError: the tuner rejects the candidate, a stored entry falls back to the
+    heuristics) instead of running a kernel that computes something else. The tuner's
+    gconv candidate that pass sink split under pass fold's first stores, 2026-11-28, is
+    what the verifier refuses and the tuner had only caught by its output check. The
+    heuristics' IR is not checked per compile: the tests verify it (verify costs about
+    one to three times the passes' time: 36-463 ms on the bench's largest kernels)."""
+    from polytile.ir.verify import verify
+    verify(fn)
+    return fn
 
 
 _WARNED: set[tuple[str, str]] = set()     # (key, entry) reported unusable in this process

@@ -161,3 +161,55 @@ def test_import_refuses_an_export_with_an_entry_its_target_cannot_apply(
     err = capsys.readouterr().err
     assert "lanes 16 is not possible on target cpu-avx2" in err and "nothing was imported" in err
     assert TuningDatabase.of(load_config()).entries() == []
+
+
+def _break_ir_with_options(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pass that mishandles options (as pass sink split a folded contraction for one
+    tuner candidate): with any option given, the product's micro-kernel is marked to
+    store its first sums where no init block's fold proves that."""
+    from dataclasses import replace
+
+    from polytile import compile as compile_module
+    from polytile.analysis.fold import with_leaf
+    from polytile.ir import nodes as N
+
+    real = compile_module.Compiler.optimize
+
+    def optimize(self: Any, fn: N.Function, options: dict[str, Any] | None = None) -> N.Function:
+        out = real(self, fn, options)
+        if not (self.options if options is None else options):
+            return out
+        stmts = tuple(with_leaf(s, lambda leaf: replace(leaf, schedule=replace(
+            leaf.schedule, first=("i0",)))) if isinstance(s, N.Block) and s.name == "s0"
+            else s for s in out.body.stmts)
+        return replace(out, body=replace(out.body, stmts=stmts))
+
+    monkeypatch.setattr(compile_module.Compiler, "optimize", optimize)
+
+
+def test_options_from_outside_compile_only_to_ir_the_verifier_accepts(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The caller's options (a tuner's candidate) raise an IRError; a stored entry is
+    reported and the heuristics, which the verifier is not asked about, compute C."""
+    from polytile.compile import Compiler
+    from polytile.errors import IRError
+    _break_ir_with_options(monkeypatch)
+    config = Config(cache_dir=tmp_path / "cache")
+    module = pt.define(MM, target=TARGET, config=config)
+    assert module.compiler is not None
+    spec = specialize(module.program.functions[0], {"A": (48, 40), "B": (40, 56)}, {})
+    options = {"passes": {"fuse.strategy": "none"}}
+    given = Compiler(module.compiler.config, module.compiler.target,
+                     options=unchecked(options).pass_options())
+    with pytest.raises(IRError, match=r"block main/s0: .*first\("):
+        given.build(spec)
+    store_directly(config, unchecked(options))
+    rng = np.random.default_rng(5)
+    a = rng.standard_normal((48, 40), dtype=np.float32)
+    b = rng.standard_normal((40, 56), dtype=np.float32)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        c = pt.define(MM, target=TARGET, config=config).mm(a, b)
+    np.testing.assert_allclose(c, a @ b, rtol=1e-4, atol=1e-4)
+    reports = [str(w.message) for w in caught if issubclass(w.category, TuningEntryWarning)]
+    assert len(reports) == 1 and "first(" in reports[0], reports
