@@ -165,6 +165,23 @@ def test_the_int8_kernel_uses_vnni_where_the_host_has_it() -> None:
     assert "_mm512_dpbusd_epi32" in kernel.source_path.read_text()
 
 
+@pytest.mark.parametrize("m,k,n", [(3, 9, 37), (9, 130, 515)])
+def test_int8_kernels_on_avx_vnni_are_exact(m: int, k: int, n: int) -> None:
+    """cpu-avx2 where the host has AVX-VNNI (the VEX-encoded vpdpbusd on ymm; first run
+    on an AMD EPYC Zen 5 host): the matmul runs on it, bit-exact on full-range data."""
+    if not {"avx2", "fma", "avx_vnni"} <= host_features():
+        pytest.skip("this host has no AVX-VNNI: its kernels are compiled, not run, in "
+                    "tests/isa/test_tensorize_conv.py")
+    mm = pt.define(I8, target="cpu-avx2").mm
+    rng = np.random.default_rng(m + k + n)
+    a = full_range(rng, np.uint8, (m, k))
+    b = full_range(rng, np.int8, (k, n))
+    want = (a.astype(np.int64) @ b.astype(np.int64)).astype(np.int32)
+    np.testing.assert_array_equal(mm(a, b), want)
+    (kernel,) = mm._kernels.values()
+    assert "_mm256_dpbusd_avx_epi32" in kernel.source_path.read_text()
+
+
 @pytest.mark.parametrize("m,k,n", SIZES[1:4])
 def test_bfloat16_kernels_round_like_float32(m: int, k: int, n: int) -> None:
     bmm = pt.define(BF).bmm
