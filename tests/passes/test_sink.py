@@ -116,7 +116,9 @@ def test_a_folded_contraction_is_not_split_over_the_chunks_of_its_pack() -> None
     packing of the weights tiled along the window row, and the contraction tiled so that
     its chunks are the pack's. Moved into the pack's loop, the contraction, whose first
     writes pass fold made stores (`first(i6_c)`), started its window sum at 0 again in
-    every chunk and kept only the last row's. The window row now stays whole."""
+    every chunk and kept only the last row's. A contraction an init is folded into now
+    stays where it is (another schedule, tiled along the groups, split no reduction but
+    left the fold unprovable for the verifier: also refused)."""
     from polytile.sema.specialize import specialize
     from polytile.tune.options import Options
     options = Options.from_json({
