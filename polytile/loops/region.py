@@ -70,8 +70,12 @@ def lower_block(lowering: Lowering, blk: Block, outer: Scope) -> list[L.Stmt]:
 
 
 def _shared(phase: Block, lowered: list[L.Stmt]) -> list[L.Stmt]:
-    """The phase's one parallel loop as a workshare loop (its comments kept)."""
+    """The phase's one parallel loop as a workshare loop (its comments kept). An init
+    that pass fold folded into a later phase (decided after the phases were) lowers to
+    nothing: the contraction's first stores write its elements."""
     loops = [st for st in lowered if not isinstance(st, L.Comment)]
+    if not loops and phase.schedule.folded is not None:
+        return lowered
     if len(loops) != 1 or not isinstance(loops[0], L.Loop) or loops[0].kind != "parallel":
         raise IRError(f"phase {phase.name!r} is shared out among threads but does not lower "
                       "to one parallel loop")

@@ -148,3 +148,29 @@ def test_phases_without_barriers_agree_on_one_two_and_three_threads(source: str,
             got = planned(x)
         for g, r in zip(got, want):
             assert_agrees(g, r, 1e-6, f"{threads} threads")
+
+
+def test_a_shared_init_phase_folded_into_a_later_phase_lowers_to_nothing() -> None:
+    """A tuner's candidate (perceptron 67x131x66, the fusion plan, dW's init shared out
+    among the threads): pass fold, after the phases were decided, folded that init into
+    dW's sum, so it lowers to no loop; the region used to refuse it ('does not lower to
+    one parallel loop') and the tuner lost the candidate."""
+    from polytile.bench.fusion_workloads import PERCEPTRON
+    from polytile.tune.options import Options
+    module = pt.define(PERCEPTRON)
+    assert module.compiler is not None
+    lanes = module.compiler.target.vector_bytes // 4
+    module.compiler.options = Options.from_json({
+        "passes": {"fuse.strategy": "plan", "pack.enabled": False},
+        "schedules": {"s4_init": {"lanes": lanes, "parallel": True, "tiles": [["i0", 32]],
+                                  "unroll": [], "vector": "i0", "vectors": 2}}}).pass_options()
+    rng = np.random.default_rng(1)
+    args = [rng.standard_normal(s).astype(np.float32)
+            for s in [(67, 131), (66, 131), (66,), (67, 66)]]
+    want = pt.define(PERCEPTRON, backend="interp").perceptron(*args)
+    got = module.perceptron(*args)
+    for name, g, w in zip(("Y", "dW", "dbias", "dX"), got, want):
+        assert_agrees(g, w, 1e-5, name)
+    (kernel,) = module.perceptron._kernels.values()
+    ir = (kernel.source_path.parent / "stage-ir.txt").read_text()
+    assert "#stitched" in ir and "folded(s4)" in ir
