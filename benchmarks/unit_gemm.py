@@ -6,13 +6,16 @@ fp32 GEMM, in one process, in blocks of 7 calls per kernel (after a warm-up call
 rounds; prints a markdown table of medians and GOP/s, the int8/fp32 and bf16/fp32 ratios
 of the same run, the instruction the int8 and bf16 kernels run on and the load average.
 
-    python benchmarks/unit_gemm.py [--cpu-time] [--only polytile] [--rounds 3]
+    python benchmarks/unit_gemm.py [--cpu-time] [--only polytile] [--rounds 3] [--peak]
     OMP_NUM_THREADS=1 python benchmarks/unit_gemm.py --cpu-time --only "int8 (u8,polytile fp32"
     OMP_NUM_THREADS=1 python benchmarks/unit_gemm.py --cpu-time --only "polytile fp32,polytile bf16"
 
 Blocks, not call-by-call alternation: OpenMP's threads spin for a while after a parallel
 loop, and interleaving them with torch's pool call by call doubled both sides' times.
-`--cpu-time` times with the process's CPU clock, so that time spent preempted by other
+`--peak` first measures the throughput of each instruction the kernels run on (vpdpbusd,
+vdpbf16ps, vfmadd; 24 independent accumulators per thread on zmm, 12 on ymm, one thread
+and all), so that
+the kernels' GOP/s read against what the core can do. `--cpu-time` times with the process's CPU clock, so that time spent preempted by other
 processes on a shared host is not counted (with OMP_NUM_THREADS=1: idle OpenMP threads'
 spinning would count); `--only` keeps the kernels whose name contains one of its comma-separated texts (torch's
 int8 and bf16 fallbacks on an AVX2 host take seconds per call).
@@ -36,7 +39,63 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--cpu-time", action="store_true")
 parser.add_argument("--only", default="")
 parser.add_argument("--rounds", type=int, default=3)
+parser.add_argument("--peak", action="store_true")
 args = parser.parse_args()
+
+# name: (accumulator from k, intrinsic on (acc, x, y), operands x and y, ops per
+# instruction, gcc flags)
+PROBES = {
+    "vpdpbusd zmm": ("_mm512_set1_epi32({k})", "_mm512_dpbusd_epi32", "_mm512_set1_epi8(3)",
+                     128, "-mavx512f -mavx512vnni"),
+    "vpdpbusd ymm (AVX-VNNI)": ("_mm256_set1_epi32({k})", "_mm256_dpbusd_avx_epi32",
+                                "_mm256_set1_epi8(3)", 64, "-mavx2 -mavxvnni"),
+    "vdpbf16ps zmm": ("_mm512_set1_ps({k})", "_mm512_dpbf16_ps",
+                      "(__m512bh)_mm512_set1_epi16(0x3f80)", 64, "-mavx512f -mavx512bf16"),
+    "vfmadd zmm": ("_mm512_set1_ps({k})", "_mm512_fmadd_ps", "_mm512_set1_ps(1.0f)", 32,
+                   "-mavx512f"),
+    "vfmadd ymm": ("_mm256_set1_ps({k})", "_mm256_fmadd_ps", "_mm256_set1_ps(1.0f)", 16,
+                   "-mavx2 -mfma"),
+}
+
+
+def instruction_peak(name: str) -> dict[int, float]:
+    """GOP/s of instruction `name` on 1 thread and on every core: independent accumulator
+    chains per thread (distinct starting values, so the compiler keeps them apart)."""
+    import ctypes
+    import subprocess
+    import tempfile
+    init, op, operand, ops, flags = PROBES[name]
+    n = 24 if "zmm" in name else 12          # as many chains as registers allow, 2 spare
+    chains = " ".join(f"__typeof__({init.format(k=0)}) a{k} = {init.format(k=k + 1)};"
+                      for k in range(n))
+    steps = " ".join(f"a{k} = {op}(a{k}, x, y);" for k in range(n))
+    sums = " ".join(f'__asm__ volatile("" :: "v"(a{k}));' for k in range(n))   # used
+    source = f"""#include <immintrin.h>
+#include <omp.h>
+double probe(long iters, int threads) {{
+  double t0 = omp_get_wtime();
+  #pragma omp parallel num_threads(threads)
+  {{
+    __typeof__({operand}) x = {operand}, y = x;
+    {chains}
+    for (long i = 0; i < iters; i++) {{ {steps} __asm__ volatile("" : "+v"(x)); }}
+    {sums}
+  }}
+  return omp_get_wtime() - t0;
+}}"""
+    folder = Path(tempfile.mkdtemp())
+    (folder / "probe.c").write_text(source)
+    subprocess.run(["cc", "-O2", "-fopenmp", "-fPIC", "-shared", *flags.split(), "probe.c",
+                    "-o", "probe.so"], cwd=folder, check=True)
+    probe = ctypes.CDLL(str(folder / "probe.so")).probe
+    probe.restype, probe.argtypes = ctypes.c_double, [ctypes.c_long, ctypes.c_int]
+    iters = 20_000_000
+    rates = {}
+    for threads in sorted({1, os.cpu_count() or 1}):
+        probe(iters // 10, threads)
+        rates[threads] = max(threads * iters * n * ops / probe(iters, threads) / 1e9
+                             for _ in range(3))
+    return rates
 clock = time.process_time if args.cpu_time else time.perf_counter
 
 i8 = pt.define((Path(__file__).resolve().parents[1] / "tests/isa/i8mm.tc").read_text()).i8mm
@@ -77,6 +136,16 @@ print(f"threads: OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}, c
       f"bf16 kernel: {bf_used}; "
       f"load average before {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}, after "
       + " ".join(f"{x:.2f}" for x in os.getloadavg()))
+if args.peak:
+    from polytile.targets.target import host_features
+    have = host_features()
+    needs = {"vpdpbusd zmm": "avx512_vnni", "vpdpbusd ymm (AVX-VNNI)": "avx_vnni",
+             "vdpbf16ps zmm": "avx512_bf16", "vfmadd zmm": "avx512f", "vfmadd ymm": "avx2"}
+    for name in PROBES:
+        if needs[name] in have:
+            rates = instruction_peak(name)
+            print(f"peak {name}: " + ", ".join(f"{r:.0f} GOP/s with {t} thread{'s' * (t > 1)}"
+                                               for t, r in rates.items()))
 print("| kernel | ms | GOP/s |\n| --- | ---: | ---: |")
 medians = {k: statistics.median(v) for k, v in times.items()}
 for k, m in medians.items():
