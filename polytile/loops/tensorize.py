@@ -9,7 +9,8 @@ whose accumulator has L lanes and whose two operands hold G values per lane.
          after another: Bp[((s * K/G + g) * W + l) * G + t] = B[G*g + t, W*s + l], zeros
          past K and N (allocated and filled once per call), so that a tile streams
          through one contiguous strip;
-    for panels of 32 rows of m (threads, if the schedule says so; else one panel):
+    for panels of about 32 rows of m (threads, if the schedule says so, the panels a
+        multiple of 4 of whole tiles, as equal as can be; else one panel):
      for blocks of 256 lanes of n (a block of Bp stays in L2 while the panel's rows pass):
       for 6 rows of the panel at a time (the schedule's rows; the rows left over after
                                          the last whole tile follow as one narrower tile,
@@ -73,7 +74,12 @@ if TYPE_CHECKING:
     from polytile.loops.lower import Lowering
 
 COLUMNS = 256       # lanes per block of the packed operand (K x 256 bytes: kept in L2)
-PANEL = 32          # rows per thread's share, at most (a multiple of the tile's rows)
+PANEL = 32          # rows per panel, at most (rounded down to whole tiles)
+# Panels come in a multiple of this many, of whole tiles as equal as can be, so that one,
+# two or four threads share them evenly: OpenMP deals a parallel loop's iterations out in
+# contiguous runs, and 126 rows in panels of 30 gave one thread 90 and the other 36 (bf16
+# 128x1024x1024 on AMD EPYC Zen 5, two threads: 401 -> 308 us balanced).
+PANEL_MULTIPLE = 4
 
 
 def lower_block(low: Lowering, blk: Block, outer: Scope) -> list[L.Stmt]:
@@ -374,9 +380,10 @@ def lower_block(low: Lowering, blk: Block, outer: Scope) -> list[L.Stmt]:
     # Output loops: all but the last are looped outside; the last one's rows are taken
     # t.rows at a time (then one at a time), inside blocks of COLUMNS lanes, so that a block
     # of the packed operand stays in cache while every row streams past it. If the rows
-    # run in threads, they are dealt out in panels of PANEL rows, each thread taking its
-    # panels through every column block: one parallel region per call, not one per block
-    # (each join waits for the slowest thread, which on a shared host is often preempted).
+    # run in threads, they are dealt out in panels of about PANEL rows (a multiple of
+    # PANEL_MULTIPLE of them, equal to a tile), each thread taking its panels through every
+    # column block: one parallel region per call, not one per block (each join waits for
+    # the slowest thread, which on a shared host is often preempted).
     outer_vars = {name: low.fresh("i") for name in par[:-1]}
     at = {name: Affine.index(v) for name, v in outer_vars.items()}
     columns = min(COLUMNS, n_lane)
@@ -390,14 +397,16 @@ def lower_block(low: Lowering, blk: Block, outer: Scope) -> list[L.Stmt]:
         return out + (body(Affine.constant(blocks), n_lane - blocks) if n_lane - blocks
                       else [])
 
-    def rows_of(lo: L.IExpr, hi: L.IExpr, step: int, kind: str
+    def rows_of(lo: L.IExpr, hi: L.IExpr, step: int, kind: str, scale: int = 1
                 ) -> Callable[[Affine, int], list[L.Stmt]]:
-        """Tiles of `step` rows (of the last output loop) in [lo, hi), over given lanes."""
+        """Tiles of `step` rows (of the last output loop) in [lo, hi), over given lanes;
+        with `scale`, [lo, hi) counts tiles of `scale` rows (step 1) instead of rows."""
         def body(start: Affine, count: int) -> list[L.Stmt]:
             v = low.fresh("i")
+            row = Affine.index(v).scale(scale)
             return [L.Loop(v, lo, hi, tuple(lanes_of(
-                [{**at, par[-1]: Affine.index(v) + k} for k in range(step)], start, count)),
-                kind, step=step)]
+                [{**at, par[-1]: row + k} for k in range(step)], start, count)),
+                kind, step=1 if scale > 1 else step)]
         return body
 
     if not par:
@@ -408,12 +417,17 @@ def lower_block(low: Lowering, blk: Block, outer: Scope) -> list[L.Stmt]:
         many = loops[last] - loops[last] % t.rows
         nest = []
         if many and threads:
-            panel = max(1, PANEL // t.rows) * t.rows
-            p = low.fresh("i")
-            nest.append(L.Loop(p, Affine.constant(0), Affine.constant(many), tuple(
-                over_columns(rows_of(Affine.index(p), L.IMin((Affine.index(p) + panel,
-                                                              Affine.constant(many))),
-                                     t.rows, "serial"))), "parallel", step=panel))
+            tiles = many // t.rows
+            panels = min(tiles, -(-tiles // max(1, PANEL // t.rows) // PANEL_MULTIPLE)
+                         * PANEL_MULTIPLE)
+            pv = low.fresh("i")
+            p = Affine.index(pv)
+            # panel p: tiles [p * tiles / panels, (p + 1) * tiles / panels), rounded down
+            nest.append(L.Loop(pv, Affine.constant(0), Affine.constant(panels),
+                               tuple(over_columns(rows_of(
+                                   L.IDiv(p.scale(tiles), panels),
+                                   L.IDiv((p + 1).scale(tiles), panels),
+                                   t.rows, "serial", scale=t.rows))), "parallel"))
         elif many:
             nest += over_columns(rows_of(Affine.constant(0), Affine.constant(many), t.rows,
                                          "serial"))

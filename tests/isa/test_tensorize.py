@@ -20,6 +20,7 @@ from polytile.compile import Compiler
 from polytile.config import load_config
 from polytile.errors import IRError
 from polytile.ir import interp as ir_interp
+from polytile.ir.nodes import Affine
 from polytile.ir.parser import parse_function
 from polytile.ir.printer import format_function
 from polytile.ir.verify import verify
@@ -322,8 +323,10 @@ def test_a_batched_matmul_widens_the_rows_of_its_own_batch(b: int, m: int, k: in
 
 
 def test_threads_take_panels_of_rows_through_every_column_block() -> None:
-    """One parallel region per call: the rows in panels of 30 (ten 3-row tiles), each
-    thread's panel through all four 256-lane blocks; the row left over runs serially."""
+    """One parallel region per call: the 341 3-row tiles in 36 panels of 9 or 10 tiles
+    (about 30 rows, a multiple of four panels so that one, two or four threads share them
+    evenly), each panel through all four 256-lane blocks; the row left over runs
+    serially."""
     fn = ir(I8, AVX2_ONLY, A=(1024, 64), B=(64, 1024))
     assert [(t.rows, t.chains) for t in schedules(fn)] == [(3, 4)]
     found: list[L.Loop] = []
@@ -341,7 +344,13 @@ def test_threads_take_panels_of_rows_through_every_column_block() -> None:
     walk(kernel.body)
     tensorized = [loop for loop in found if any(isinstance(s, L.Loop) and s.step == 256
                                                 for s in loop.body)]
-    assert len(tensorized) == 1 and tensorized[0].step == 30
+    assert len(tensorized) == 1 and tensorized[0].hi == Affine.constant(36)
+    (columns,) = [s for s in tensorized[0].body if isinstance(s, L.Loop)]
+    (rows,) = [s for s in columns.body if isinstance(s, L.Loop)]
+    p = Affine.index(tensorized[0].var)
+    assert (rows.lo, rows.hi) == (L.IDiv(p.scale(341), 36), L.IDiv((p + 1).scale(341), 36))
+    spans = [(k * 341 // 36, (k + 1) * 341 // 36) for k in range(36)]
+    assert {b - a for a, b in spans} == {9, 10} and spans[-1][1] == 341
 
 
 # UNIT §IV-B: the tuner's genes of pass tensorize (polytile.tune.choices).
