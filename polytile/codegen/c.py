@@ -555,11 +555,32 @@ class _Printer:
         nbytes = f"{st.count} * sizeof({self.buffers[st.source].dtype.c_name})"
         state = f"pt_kept_{st.buffer}"
         copy = f"{state} + {L.KEPT_HEADER}"
+        same = f"{state}_same"
+        if st.threads:      # chunks of L.KEPT_CHUNK bytes, compared by the threads
+            compare = [
+                f"    int {same} = {state}[0] == 1;",
+                f"    if ({same}) {{",
+                f"        const unsigned char *{same}_a = {copy};",
+                f"        const unsigned char *{same}_b = (const unsigned char *)&{source};",
+                f"        const int64_t {same}_n = (int64_t)({nbytes});",
+                *_indent(_indent(_omp(f"omp parallel for reduction(&&:{same})"))),
+                f"        for (int64_t {same}_c = 0; {same}_c < {same}_n; "
+                f"{same}_c += {L.KEPT_CHUNK}) {{",
+                f"            int64_t {same}_k = {same}_n - {same}_c < {L.KEPT_CHUNK} ? "
+                f"{same}_n - {same}_c : {L.KEPT_CHUNK};",
+                f"            {same} = {same} && memcmp({same}_a + {same}_c, {same}_b + "
+                f"{same}_c, (size_t){same}_k) == 0;",
+                "        }",
+                "    }"]
+        else:
+            compare = [f"    int {same} = {state}[0] == 1 && "
+                       f"memcmp({copy}, &{source}, {nbytes}) == 0;"]
         return [(f"/* {st.buffer} is kept between calls: filled again only where "
                  f"{st.source} differs from the copy it was filled from */"),
                 "{",
                 f"    unsigned char *{state} = (unsigned char *)&{st.buffer}[{st.state}];",
-                f"    if (!({state}[0] == 1 && memcmp({copy}, &{source}, {nbytes}) == 0)) {{",
+                *compare,
+                f"    if (!{same}) {{",
                 f"        {state}[0] = 0;",
                 *_indent(_indent(self.stmts(st.body, fail))),
                 f"        memcpy({copy}, &{source}, {nbytes});",

@@ -316,6 +316,7 @@ class Alloc:
 
 
 KEPT_HEADER = 64     # bytes of a kept state before its copy: whether the block is filled
+KEPT_CHUNK = 1 << 20  # bytes of a kept block's source a thread compares at a time
 
 
 def kept_state(source: DType, count: int, dtype: DType) -> int:
@@ -333,6 +334,7 @@ class Kept:
     offset: Affine
     count: int
     body: tuple["Stmt", ...]
+    threads: bool = False           # compared with the copy in threads, KEPT_CHUNK at a time
 
 
 @dataclass(frozen=True)

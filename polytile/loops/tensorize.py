@@ -172,7 +172,15 @@ def lower_block(low: Lowering, blk: Block, outer: Scope) -> list[L.Stmt]:
     label = f"{safe(y_ref.into)} packed for {t.instruction}"
     buffers: list[L.Buffer] = []
     if t.kept:
-        pack = [kept(low, packed, size, b_t.dtype, outer.views[y_ref.from_], pack, label)]
+        # The comparison reads the weights and their copy: in threads where the block
+        # runs in them and the weights are over a chunk (one thread read 64 MiB a call
+        # for a 4096^2 bf16 weight; below a chunk a parallel region costs more than it
+        # saves).
+        source = outer.views[y_ref.from_]
+        threads = low.options.threads and blk.schedule.parallel is not None \
+            and not outer.parallel and math.prod(d.size for d in source.dims) \
+            * source.dtype.numpy.itemsize > L.KEPT_CHUNK
+        pack = [kept(low, packed, size, b_t.dtype, source, pack, label, threads)]
     else:
         buffers.append(L.Buffer(packed, b_t.dtype, size, "heap", "global", "zero", label=label))
 
@@ -450,7 +458,7 @@ def lower_block(low: Lowering, blk: Block, outer: Scope) -> list[L.Stmt]:
 
 
 def kept(low: Lowering, packed: str, size: int, dtype: DType, source: View,
-         fill: list[L.Stmt], label: str) -> L.Stmt:
+         fill: list[L.Stmt], label: str, threads: bool = False) -> L.Stmt:
     """The packed operand as a top-level local kept between calls (pass tensorize decided
     so: `Tensorized.kept`, for a read-only parameter dense in memory): zeroed and filled
     by `fill` only when the parameter's values differ from the ones it was filled from."""
@@ -465,7 +473,7 @@ def kept(low: Lowering, packed: str, size: int, dtype: DType, source: View,
     z, zero = low.fresh("i"), low.fresh("s")
     clear = L.Loop(z, Affine.constant(0), Affine.constant(size), (
         L.Let(zero, L.VType(dtype), L.Lit(0)), L.Store(packed, Affine.index(z), zero)))
-    return L.Kept(packed, size, source.ptr, source.offset, count, (clear, *fill))
+    return L.Kept(packed, size, source.ptr, source.offset, count, (clear, *fill), threads)
 
 
 def _count(n: int | None) -> L.IExpr | None:

@@ -126,9 +126,10 @@ def _stmts(stmts: tuple[L.Stmt, ...], depth: int) -> list[str]:
             out.append(f"{pad}with {', '.join(b.name for b in st.buffers)}:")
             out += _stmts(st.body, depth + 1)
         elif isinstance(st, L.Kept):
+            how = ", compared in threads" if st.threads else ""
             out.append(f"{pad}unless {st.buffer} was filled from {st.source}"
                        f"[{st.offset}:{st.offset + st.count}] as it is now (kept at "
-                       f"{st.buffer}[{st.state}:]):")
+                       f"{st.buffer}[{st.state}:]{how}):")
             out += _stmts(st.body, depth + 1)
         elif isinstance(st, L.Prefetch):
             write = " for writing" if st.write else ""

@@ -421,3 +421,23 @@ def test_every_tuning_setting_is_exact(options: dict) -> None:
         compiler = Compiler(load_config(), select_target(), options)
         (fn,) = Module(source, program, "c", compiler)._functions.values()
         np.testing.assert_array_equal(fn(*arrays.values()), want.astype(np.int32))
+
+
+def test_kept_weights_over_a_mebibyte_are_compared_by_the_threads() -> None:
+    """A kept operand is compared with its copy in chunks of 1 MiB by the threads (one
+    thread read 64 MiB a call for a 4096^2 bf16 weight): a change in any chunk, the last
+    byte's included, is packed again; every result exact."""
+    mm = pt.define(I8).mm
+    rng = np.random.default_rng(11)
+    a = full_range(rng, np.uint8, (64, 1024))
+    b = full_range(rng, np.int8, (1024, 1100))          # 1.07 MiB: two chunks
+
+    def check() -> None:
+        want = (a.astype(np.int64) @ b.astype(np.int64)).astype(np.int32)
+        np.testing.assert_array_equal(mm(a, b), want)
+    check()
+    for at in ((1023, 1099), (0, 0), (953, 600)):        # the second chunk, the first
+        b[at] = 127 if b[at] != 127 else -128
+        check()
+    (kernel,) = mm._kernels.values()
+    assert "reduction(&&:pt_kept_" in kernel.source_path.read_text()
