@@ -564,17 +564,17 @@ class _Printer:
                 f"        const unsigned char *{same}_b = (const unsigned char *)&{source};",
                 f"        const int64_t {same}_n = (int64_t)({nbytes});",
                 *_indent(_indent(_omp(f"omp parallel for reduction(&&:{same})"))),
-                f"        for (int64_t {same}_c = 0; {same}_c < {same}_n; "
-                f"{same}_c += {L.KEPT_CHUNK}) {{",
-                f"            int64_t {same}_k = {same}_n - {same}_c < {L.KEPT_CHUNK} ? "
-                f"{same}_n - {same}_c : {L.KEPT_CHUNK};",
-                f"            {same} = {same} && memcmp({same}_a + {same}_c, {same}_b + "
-                f"{same}_c, (size_t){same}_k) == 0;",
+                (f"        for (int64_t {same}_c = 0; {same}_c < {same}_n; "
+                 f"{same}_c += {L.KEPT_CHUNK}) {{"),
+                (f"            int64_t {same}_k = {same}_n - {same}_c < {L.KEPT_CHUNK} ? "
+                 f"{same}_n - {same}_c : {L.KEPT_CHUNK};"),
+                (f"            {same} = {same} && memcmp({same}_a + {same}_c, {same}_b + "
+                 f"{same}_c, (size_t){same}_k) == 0;"),
                 "        }",
                 "    }"]
         else:
-            compare = [f"    int {same} = {state}[0] == 1 && "
-                       f"memcmp({copy}, &{source}, {nbytes}) == 0;"]
+            compare = [(f"    int {same} = {state}[0] == 1 && "
+                        f"memcmp({copy}, &{source}, {nbytes}) == 0;")]
         return [(f"/* {st.buffer} is kept between calls: filled again only where "
                  f"{st.source} differs from the copy it was filled from */"),
                 "{",
