@@ -168,8 +168,8 @@ def test_the_int8_kernel_uses_vnni_where_the_host_has_it() -> None:
 
 @pytest.mark.parametrize("m,k,n", [(3, 9, 37), (9, 130, 515)])
 def test_int8_kernels_on_avx_vnni_are_exact(m: int, k: int, n: int) -> None:
-    """cpu-avx2 where the host has AVX-VNNI (the VEX-encoded vpdpbusd on ymm; first run
-    on an AMD EPYC Zen 5 host): the matmul runs on it, bit-exact on full-range data."""
+    """cpu-avx2 where the host has AVX-VNNI (the VEX-encoded vpdpbusd on ymm; AMD's Zen 5
+    EPYCs have it): the matmul runs on it, bit-exact on full-range data."""
     if not {"avx2", "fma", "avx_vnni"} <= host_features():
         pytest.skip("this host has no AVX-VNNI: its kernels are compiled, not run, in "
                     "tests/isa/test_tensorize_conv.py")
