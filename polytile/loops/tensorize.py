@@ -11,7 +11,7 @@ whose accumulator has L lanes and whose two operands hold G values per lane.
          through one contiguous strip;
     for panels of about 32 rows of m (threads, if the schedule says so, the panels a
         multiple of 4 of whole tiles, as equal as can be; else one panel):
-     for blocks of 256 lanes of n (a block of Bp stays in L2 while the panel's rows pass):
+     for blocks of 64 lanes of n (a block of Bp stays in L2 while the panel's rows pass):
       for 6 rows of the panel at a time (the schedule's rows; the rows left over after
                                          the last whole tile follow as one narrower tile,
                                          or one row per thread if they are all there is):
@@ -73,7 +73,11 @@ if TYPE_CHECKING:
     from polytile.dtypes import DType
     from polytile.loops.lower import Lowering
 
-COLUMNS = 256       # lanes per block of the packed operand (K x 256 bytes: kept in L2)
+# Lanes per block of the packed operand: K x 64 x 2 bytes for bf16 (512 KiB at K = 4096)
+# stays in L2 while a panel's rows pass; 256 lanes (2 MiB there) did not: bf16
+# 128x4096x4096 10.3 -> 9.0 ms, 1024x4096x1024 9.6 -> 9.0 ms, the 1024^3 and
+# 128x1024x1024 matmuls, int8 and the UNIT convolutions unchanged (AMD EPYC Zen 5).
+COLUMNS = 64
 PANEL = 32          # rows per panel, at most (rounded down to whole tiles)
 # Panels come in a multiple of this many, of whole tiles as equal as can be, so that one,
 # two or four threads share them evenly: OpenMP deals a parallel loop's iterations out in

@@ -1,7 +1,7 @@
 """UNIT's rewriter for lane-dot instructions (pass `tensorize`, polytile/loops/tensorize.py):
 which contractions it takes, on which targets, what the IR records, and that the kernels
 are exact (int8) or within float32 rounding (bfloat16) on sizes that divide nothing:
-rows not a multiple of 4, lanes not a multiple of 16 or of the 256-lane blocks, a
+rows not a multiple of 4, lanes not a multiple of 16 or of the 64-lane blocks, a
 reduction not a multiple of the instruction's group, strided inputs."""
 from __future__ import annotations
 
@@ -261,7 +261,7 @@ def test_the_loop_interpreter_runs_vpmaddwd_exactly(source: str) -> None:
 
 
 # (100, 70, 300): threads over panels of 30 rows, the last one short, a row left over,
-# one 256-lane block and a tail of 44 lanes
+# four 64-lane blocks and a tail of 44 lanes
 @pytest.mark.parametrize("m,k,n", [*SIZES, (100, 70, 300)])
 def test_vpmaddwd_int8_kernels_are_exact(m: int, k: int, n: int) -> None:
     mm = avx2_only(I8).mm
@@ -325,7 +325,7 @@ def test_a_batched_matmul_widens_the_rows_of_its_own_batch(b: int, m: int, k: in
 def test_threads_take_panels_of_rows_through_every_column_block() -> None:
     """One parallel region per call: the 341 3-row tiles in 36 panels of 9 or 10 tiles
     (about 30 rows, a multiple of four panels so that one, two or four threads share them
-    evenly), each panel through all four 256-lane blocks; the row left over runs
+    evenly), each panel through all sixteen 64-lane blocks; the row left over runs
     serially."""
     fn = ir(I8, AVX2_ONLY, A=(1024, 64), B=(64, 1024))
     assert [(t.rows, t.chains) for t in schedules(fn)] == [(3, 4)]
@@ -342,7 +342,7 @@ def test_threads_take_panels_of_rows_through_every_column_block() -> None:
 
     kernel = lower(fn)
     walk(kernel.body)
-    tensorized = [loop for loop in found if any(isinstance(s, L.Loop) and s.step == 256
+    tensorized = [loop for loop in found if any(isinstance(s, L.Loop) and s.step == 64
                                                 for s in loop.body)]
     assert len(tensorized) == 1 and tensorized[0].hi == Affine.constant(36)
     (columns,) = [s for s in tensorized[0].body if isinstance(s, L.Loop)]

@@ -172,7 +172,7 @@ CONV2D = [  # (x, w, stride)
     ((1, 37, 11, 10), (70, 37, 1, 1), 2),    # 1x1 stride 2, odd C
     ((1, 1, 5, 5), (9, 1, 2, 2), 1),         # one channel: no group loop, not tensorized
     ((1, 64, 16, 16), (128, 64, 3, 3), 1),   # rows in threads
-    ((1, 17, 15, 15), (300, 17, 3, 3), 1),   # a 256-lane column block and a tail
+    ((1, 17, 15, 15), (300, 17, 3, 3), 1),   # 64-lane column blocks and a tail
 ]
 
 
