@@ -401,11 +401,14 @@ def lower_block(low: Lowering, blk: Block, outer: Scope) -> list[L.Stmt]:
     columns = min(COLUMNS, n_lane)
     blocks = n_lane // columns * columns
 
-    def over_columns(body: Callable[[Affine, int], list[L.Stmt]]) -> list[L.Stmt]:
-        """`body(start, count)` for each block of lanes, then the lanes left over."""
+    def over_columns(body: Callable[[Affine, int], list[L.Stmt]],
+                     kind: str = "serial") -> list[L.Stmt]:
+        """`body(start, count)` for each block of lanes (in threads with kind
+        "parallel"), then the lanes left over."""
         nb = low.fresh("i")
         out: list[L.Stmt] = [L.Loop(nb, Affine.constant(0), Affine.constant(blocks),
-                                    tuple(body(Affine.index(nb), columns)), step=columns)]
+                                    tuple(body(Affine.index(nb), columns)), kind,
+                                    step=columns)]
         return out + (body(Affine.constant(blocks), n_lane - blocks) if n_lane - blocks
                       else [])
 
@@ -426,6 +429,9 @@ def lower_block(low: Lowering, blk: Block, outer: Scope) -> list[L.Stmt]:
     else:
         last = par[-1]
         threads = blk.schedule.parallel == last
+        # pass tensorize gives a matmul of few rows threads over its blocks of lanes
+        columns_kind = "parallel" if blk.schedule.parallel == t.lane and \
+            low.options.threads and not outer.parallel else "serial"
         many = loops[last] - loops[last] % t.rows
         nest = []
         if many and threads:
@@ -442,7 +448,7 @@ def lower_block(low: Lowering, blk: Block, outer: Scope) -> list[L.Stmt]:
                                    t.rows, "serial", scale=t.rows))), "parallel"))
         elif many:
             nest += over_columns(rows_of(Affine.constant(0), Affine.constant(many), t.rows,
-                                         "serial"))
+                                         "serial"), columns_kind)
         left = loops[last] % t.rows
         if left:
             # the rows left over: one narrower tile (a convolution's 14-wide rows are
@@ -451,7 +457,7 @@ def lower_block(low: Lowering, blk: Block, outer: Scope) -> list[L.Stmt]:
             alone = threads and not many
             nest += over_columns(rows_of(Affine.constant(many), Affine.constant(loops[last]),
                                          1 if alone else left,
-                                         "parallel" if alone else "serial"))
+                                         "parallel" if alone else "serial"), columns_kind)
     for name in reversed(par[:-1]):
         kind = "parallel" if blk.schedule.parallel == name else "serial"
         nest = [L.Loop(outer_vars[name], Affine.constant(0), Affine.constant(loops[name]),

@@ -30,7 +30,9 @@ instruction's loops are tiled innermost):
 
 It records `schedule(tensorize(instruction, lane, reduction, rows, chains[, kept]))` and tags
 the block `tensorized` instead of `kernel`/`contraction`, so the later passes leave it
-alone; `parallel` names the outermost other output loop where the work pays for threads.
+alone; `parallel` names the outermost other output loop where the work pays for threads
+(for a matmul of at most FEW_ROWS rows and MANY_LANES lanes or more, the lane loop: the
+lowering then runs its blocks of lanes in threads).
 The register tile is `chains` = 4 chunks of lanes by as many rows (at most 6) as the
 target's vector registers hold beside one broadcast row and one instruction result:
 6 x 4 with AVX-512's 32 registers (24 accumulators, the 4 chunks of the packed operand
@@ -126,6 +128,12 @@ def lane_dot(d: Description) -> bool:
             and a.lanes % outs[0].lanes == 0)
 
 
+# A matmul of at most FEW_ROWS rows and at least MANY_LANES lanes runs its blocks of
+# lanes in threads instead of its rows: with rows, every thread's panels each stream all
+# of the packed operand (four panels of 32 rows at 128 rows); with lanes, each thread
+# reads its share of it once and every row passes each block while it is in L2.
+FEW_ROWS = 256
+MANY_LANES = 512
 CHAINS = 4      # chunks of lanes per register tile: independent chains of the instruction
 ROWS = 6        # at most, rows per register tile
 
@@ -211,6 +219,10 @@ def _record(block: N.Block, t: N.Tensorized, threads: bool) -> N.Block:
     if threads and outer and work(block) >= PARALLEL_MIN_WORK \
             and polyhedra.writes_disjoint(block, outer[0]):
         parallel = outer[0]
+        ranges = {i.name: i.range for i in block.idxs}
+        if outer == [outer[0]] and ranges[outer[0]] <= FEW_ROWS \
+                and ranges[t.lane] >= MANY_LANES:
+            parallel = t.lane
     tags = (block.tags - {"kernel", "contraction"}) | {"tensorized"}
     return replace(block, tags=tags, schedule=N.BlockSchedule(parallel=parallel, tensorize=t))
 

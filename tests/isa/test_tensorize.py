@@ -441,3 +441,41 @@ def test_kept_weights_over_a_mebibyte_are_compared_by_the_threads() -> None:
         check()
     (kernel,) = mm._kernels.values()
     assert "reduction(&&:pt_kept_" in kernel.source_path.read_text()
+
+
+def test_a_matmul_of_few_rows_runs_its_blocks_of_lanes_in_threads() -> None:
+    """128 rows, 1024 lanes: threads over the 64-lane blocks (each thread reads its share
+    of the packed operand once, every row passing a block while it is in L2) instead of
+    over panels of rows (each of which streams all of it); 512 rows stay on panels. The
+    results are exact either way, on sizes that divide no tile or block."""
+    avx512 = inspection_target("cpu-avx512", frozenset())
+
+    def parallel(m: int, n: int) -> tuple[str | None, str]:
+        fn = ir(I8, avx512, A=(m, 256), B=(256, n))
+        (block,) = [s for s in fn.body.stmts if s.schedule.tensorize is not None]
+        return block.schedule.parallel, block.schedule.tensorize.lane
+
+    index, lane = parallel(128, 1024)
+    assert index == lane
+    index, lane = parallel(512, 1024)
+    assert index is not None and index != lane
+    fn = ir(I8, avx512, A=(128, 256), B=(256, 1024))
+    loops = [st for st in lower(fn).body if isinstance(st, L.Alloc)]
+    found: list[L.Loop] = []
+
+    def walk(stmts: tuple) -> None:  # type: ignore[type-arg]
+        for st in stmts:
+            if isinstance(st, L.Loop):
+                found.append(st)
+                walk(st.body)
+            elif isinstance(st, (L.Alloc, L.Kept)):
+                walk(st.body)
+    walk(tuple(loops))
+    # the 21 tiles of 6 rows, then the 2 rows left over, each over the blocks in threads
+    assert [(lp.kind, lp.step) for lp in found if lp.kind == "parallel"] == \
+        [("parallel", 64)] * 2
+    mm = pt.define(I8).mm
+    rng = np.random.default_rng(5)
+    a, b = full_range(rng, np.uint8, (131, 257)), full_range(rng, np.int8, (257, 1100))
+    np.testing.assert_array_equal(mm(a, b), (a.astype(np.int64) @ b.astype(np.int64))
+                                  .astype(np.int32))
