@@ -351,6 +351,10 @@ def _add_bench_arguments(parser: argparse.ArgumentParser) -> None:
                         help="compile polytile's kernels for this target, e.g. opencl (default: "
                              "the host's best; on PoCL the times are functional, not a "
                              "performance claim)")
+    parser.add_argument("--tuned", action="store_true",
+                        help="compile with the tuning database's entries where it has them "
+                             "(default: the heuristics only, so that a run measures the "
+                             "compiler's defaults whatever was tuned on this machine)")
     parser.add_argument("--backend", choices=("c", "interp"), default="c",
                         help=argparse.SUPPRESS)
     parser.add_argument("--blas-env-removed", default="", help=argparse.SUPPRESS)

@@ -47,11 +47,30 @@ def run(args: argparse.Namespace) -> int:
     present = [v for v in BLAS_ENV_VARS if v in os.environ]
     if present and not args.latency and not getattr(args, "training", False):
         return _rerun_without(present, args)
+    # The compiler's defaults unless --tuned: an entry tuned on this machine would
+    # otherwise replace them silently (gconv and tmm 1024^3 ran tuned schedules in bench
+    # runs after `polytile tune`, 2026-11-28). The environment reaches every module the
+    # bench defines and the processes it starts; it is restored after the run.
+    tuned = getattr(args, "tuned", False)
+    before = os.environ.get("POLYTILE_IGNORE_TUNED")
+    if not tuned:
+        os.environ["POLYTILE_IGNORE_TUNED"] = "1"
+    try:
+        return _run(args, tuned)
+    finally:
+        if before is None:
+            os.environ.pop("POLYTILE_IGNORE_TUNED", None)
+        else:
+            os.environ["POLYTILE_IGNORE_TUNED"] = before
+
+
+def _run(args: argparse.Namespace, tuned: bool) -> int:
     command = command_text(args)
     date = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
     # The target first: a target this host cannot run is refused before the peaks are measured.
     target = _target_fact(args.target) if getattr(args, "target", None) else None
     facts = machine_facts()
+    facts["tuning database"] = "used (--tuned)" if tuned else "ignored: the heuristics' kernels"
     if target is not None:
         facts["polytile target"] = target
     print(f"polytile bench  ({date})")
@@ -341,6 +360,8 @@ def _argv(args: argparse.Namespace) -> list[str]:
         argv.append(f"--backend={args.backend}")
     if getattr(args, "target", None):
         argv.append(f"--target={args.target}")
+    if getattr(args, "tuned", False):
+        argv.append("--tuned")
     return argv
 
 

@@ -370,3 +370,27 @@ def test_a_workload_runs_on_the_opencl_target() -> None:
                           use_torch=False)
     assert row.outcomes["polytile"].status == "ok"
     assert row.outcomes["polytile"].timing is not None
+
+
+@pytest.mark.parametrize("tuned", [False, True])
+def test_the_bench_measures_the_heuristics_unless_told_to_use_the_tuning_database(
+        tuned: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A `polytile tune` on this machine must not change what `polytile bench` reports as
+    the compiler's defaults (gconv and tmm 1024^3 ran their tuned schedules in the bench
+    after they were tuned): the run sees POLYTILE_IGNORE_TUNED unless --tuned, and the
+    environment is as it was afterwards."""
+    import argparse
+    import os
+
+    from polytile.config import load_config
+    monkeypatch.delenv("POLYTILE_IGNORE_TUNED", raising=False)
+    monkeypatch.setattr(command, "BLAS_ENV_VARS", ())
+    seen = []
+    monkeypatch.setattr(command, "_run",
+                        lambda args, t: seen.append((t, load_config().ignore_tuned)) or 0)
+    assert command.run(argparse.Namespace(tuned=tuned, latency=False)) == 0
+    assert seen == [(tuned, not tuned)]
+    assert "POLYTILE_IGNORE_TUNED" not in os.environ
+    assert ("--tuned" in command._argv(argparse.Namespace(
+        quick=False, only=None, latency=False, write=None, repeats=None, no_compile=False,
+        backend="c", tuned=tuned))) == tuned
