@@ -83,11 +83,12 @@ double probe(long iters, int threads) {{
   }}
   return omp_get_wtime() - t0;
 }}"""
-    folder = Path(tempfile.mkdtemp())
-    (folder / "probe.c").write_text(source)
-    subprocess.run(["cc", "-O2", "-fopenmp", "-fPIC", "-shared", *flags.split(), "probe.c",
-                    "-o", "probe.so"], cwd=folder, check=True)
-    probe = ctypes.CDLL(str(folder / "probe.so")).probe
+    with tempfile.TemporaryDirectory() as tmp:       # a loaded library outlives its file
+        folder = Path(tmp)
+        (folder / "probe.c").write_text(source)
+        subprocess.run(["cc", "-O2", "-fopenmp", "-fPIC", "-shared", *flags.split(),
+                        "probe.c", "-o", "probe.so"], cwd=folder, check=True)
+        probe = ctypes.CDLL(str(folder / "probe.so")).probe
     probe.restype, probe.argtypes = ctypes.c_double, [ctypes.c_long, ctypes.c_int]
     iters = 20_000_000
     rates = {}

@@ -175,16 +175,18 @@ def lower_block(low: Lowering, blk: Block, outer: Scope) -> list[L.Stmt]:
     size = strips * total * strip * group
     label = f"{safe(y_ref.into)} packed for {t.instruction}"
     buffers: list[L.Buffer] = []
+    # the block runs in threads (its schedule's parallel loop, not inside another one)
+    threaded = low.options.threads and blk.schedule.parallel is not None \
+        and not outer.parallel
     if t.kept:
         # The comparison reads the weights and their copy: in threads where the block
         # runs in them and the weights are over a chunk (one thread read 64 MiB a call
         # for a 4096^2 bf16 weight; below a chunk a parallel region costs more than it
         # saves).
         source = outer.views[y_ref.from_]
-        threads = low.options.threads and blk.schedule.parallel is not None \
-            and not outer.parallel and math.prod(d.size for d in source.dims) \
-            * source.dtype.numpy.itemsize > L.KEPT_CHUNK
-        pack = [kept(low, packed, size, b_t.dtype, source, pack, label, threads)]
+        big = math.prod(d.size for d in source.dims) * source.dtype.numpy.itemsize \
+            > L.KEPT_CHUNK
+        pack = [kept(low, packed, size, b_t.dtype, source, pack, label, threaded and big)]
     else:
         buffers.append(L.Buffer(packed, b_t.dtype, size, "heap", "global", "zero", label=label))
 
@@ -430,8 +432,8 @@ def lower_block(low: Lowering, blk: Block, outer: Scope) -> list[L.Stmt]:
         last = par[-1]
         threads = blk.schedule.parallel == last
         # pass tensorize gives a matmul of few rows threads over its blocks of lanes
-        columns_kind = "parallel" if blk.schedule.parallel == t.lane and \
-            low.options.threads and not outer.parallel else "serial"
+        columns_kind = "parallel" if threaded and blk.schedule.parallel == t.lane \
+            else "serial"
         many = loops[last] - loops[last] % t.rows
         nest = []
         if many and threads:

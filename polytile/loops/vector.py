@@ -225,7 +225,6 @@ class _Emitter:
         self.store = next(s for s in blk.stmts if isinstance(s, Store))
         self.out = blk.ref(self.store.ref)
         self.dtypes: dict[str, dtypes.DType] = {}     # loop IR scalars' types
-        self.masks: set[str] = set()                   # loop IR vectors that are masks
         # Looked up once per value: built once (rebuilding it per lookup was quadratic).
         self.defs: dict[str, object] = {s.into: s for s in blk.stmts
                                         if isinstance(s, (Load, Constant, Intrinsic, LoadIndex))}
@@ -542,7 +541,9 @@ class _Emitter:
             names = tuple(a for a, _ in args)
             return self.scalar(st.dtype, L.Op(st.op, names, st.dtype), out), False
         if st.op in VECTOR_IDENTITIES:
-            if st.op == "ident" or args[0][0] not in self.masks:
+            source = self.defs[st.inputs[0]]   # a varying bool is a mask op's result
+            if st.op == "ident" or not (isinstance(source, Intrinsic)
+                                        and source.dtype == dtypes.BOOL):
                 return args[0]              # float32 -> float32 on vectors
             # a cast of a mask to float32: 1 where true, else 0
             ones, zeros = (self.broadcast(self.scalar(dtypes.FLOAT32, L.Lit(x), out), memo, out)
@@ -558,8 +559,6 @@ class _Emitter:
             out: list[L.Stmt]) -> str:
         """A vector of `op` on vectors `args`: float32, or a mask where `dtype` is bool."""
         var = self.low.fresh("v")
-        if dtype == dtypes.BOOL:
-            self.masks.add(var)
         out.append(L.Let(var, L.VType(dtype, self.p.lanes), L.Op(op, args, dtype)))
         return var
 

@@ -322,6 +322,17 @@ def test_a_batched_matmul_widens_the_rows_of_its_own_batch(b: int, m: int, k: in
     assert "_mm256_madd_epi16" in kernel.source_path.read_text()
 
 
+def parallel_loops(stmts: tuple) -> list[L.Loop]:  # type: ignore[type-arg]
+    """The loops of a kernel's loop IR that run in threads, outermost first."""
+    found: list[L.Loop] = []
+    for st in stmts:
+        if isinstance(st, L.Loop) and st.kind == "parallel":
+            found.append(st)
+        if isinstance(st, (L.Loop, L.Alloc, L.Kept)):
+            found += parallel_loops(st.body)
+    return found
+
+
 def test_threads_take_panels_of_rows_through_every_column_block() -> None:
     """One parallel region per call: the 341 3-row tiles in 36 panels of 9 or 10 tiles
     (about 30 rows, a multiple of four panels so that one, two or four threads share them
@@ -329,21 +340,8 @@ def test_threads_take_panels_of_rows_through_every_column_block() -> None:
     serially."""
     fn = ir(I8, AVX2_ONLY, A=(1024, 64), B=(64, 1024))
     assert [(t.rows, t.chains) for t in schedules(fn)] == [(3, 4)]
-    found: list[L.Loop] = []
-
-    def walk(stmts: tuple) -> None:  # type: ignore[type-arg]
-        for st in stmts:
-            if isinstance(st, L.Loop):
-                if st.kind == "parallel":
-                    found.append(st)
-                walk(st.body)
-            elif isinstance(st, L.Alloc):
-                walk(st.body)
-
-    kernel = lower(fn)
-    walk(kernel.body)
-    tensorized = [loop for loop in found if any(isinstance(s, L.Loop) and s.step == 64
-                                                for s in loop.body)]
+    tensorized = [loop for loop in parallel_loops(lower(fn).body)
+                  if any(isinstance(s, L.Loop) and s.step == 64 for s in loop.body)]
     assert len(tensorized) == 1 and tensorized[0].hi == Affine.constant(36)
     (columns,) = [s for s in tensorized[0].body if isinstance(s, L.Loop)]
     (rows,) = [s for s in columns.body if isinstance(s, L.Loop)]
@@ -460,19 +458,8 @@ def test_a_matmul_of_few_rows_runs_its_blocks_of_lanes_in_threads() -> None:
     index, lane = parallel(512, 1024)
     assert index is not None and index != lane
     fn = ir(I8, avx512, A=(128, 256), B=(256, 1024))
-    loops = [st for st in lower(fn).body if isinstance(st, L.Alloc)]
-    found: list[L.Loop] = []
-
-    def walk(stmts: tuple) -> None:  # type: ignore[type-arg]
-        for st in stmts:
-            if isinstance(st, L.Loop):
-                found.append(st)
-                walk(st.body)
-            elif isinstance(st, (L.Alloc, L.Kept)):
-                walk(st.body)
-    walk(tuple(loops))
     # the 21 tiles of 6 rows, then the 2 rows left over, each over the blocks in threads
-    assert [(lp.kind, lp.step) for lp in found if lp.kind == "parallel"] == \
+    assert [(lp.kind, lp.step) for lp in parallel_loops(lower(fn).body)] == \
         [("parallel", 64)] * 2
     mm = pt.define(I8).mm
     rng = np.random.default_rng(5)
