@@ -40,7 +40,7 @@ def test_workload_planned_and_compiled_agrees_with_the_interpreter(key: str) -> 
     plan = plan_fusion(spec, select_target(config.target), config)
     assert sorted(k for g in plan.groups for k in g) == list(range(len(spec.fn.statements)))
     assert plan.solve_seconds < 1.0
-    call, kernels, _ = compiled_call(spec, {"fuse.groups": plan.option})
+    call, kernels, _ = compiled_call(w, spec, {"fuse.groups": plan.option})
     assert kernels >= len(plan.groups)
     got = call(*args)
     got = got if isinstance(got, tuple) else (got,)
