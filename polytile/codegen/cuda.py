@@ -62,7 +62,8 @@ CUDA = Dialect(
     address="", restrict="__restrict__", int64="int64_t",
     group_id="blockIdx.{axis}", local_id="threadIdx.{axis}", shared="__shared__",
     barrier=(("shared", "__syncthreads();"), ("global", "__syncthreads();")),
-    units=("blocks", "threads"), form="cuda")
+    units=("blocks", "threads"), form="cuda",
+    shuffle_xor="__shfl_xor_sync(0xffffffffu, {value}, {mask})")
 
 
 def print_cuda(kernel: L.Kernel) -> GPUSource:

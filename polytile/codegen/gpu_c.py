@@ -54,6 +54,9 @@ class Dialect:
     barrier: tuple[tuple[str, str], ...]    # (memory space, statement) of a Barrier
     units: tuple[str, str]  # what the comments call groups and threads
     form: str = ""          # the key of a warp-level instruction's template ("cuda")
+    # A warp shuffle (L.WarpXor) of {value} with the thread at this one's place xor
+    # {mask}; "": the language has none.
+    shuffle_xor: str = ""
 
 
 @dataclass(frozen=True)
@@ -113,6 +116,14 @@ class _KernelPrinter(_Printer):
             return [dict(self.dialect.barrier)[st.space]]
         if warp.is_warp(st):
             return warp.print_warp(self, st, self.dialect.form, self.dialect.name)
+        if isinstance(st, L.WarpXor):
+            if not self.dialect.shuffle_xor:
+                raise UnsupportedError(f"{self.dialect.name} has no warp shuffles",
+                                       hint="a target without gpu.warp combines partial "
+                                            "results in local memory")
+            self.types[st.name] = st.type
+            shuffled = self.dialect.shuffle_xor.format(value=st.value, mask=st.mask)
+            return [f"const {cexpr.scalar_type(st.type.dtype)} {st.name} = {shuffled};"]
         return super().stmt(st, fail)
 
     def loop(self, st: L.Loop, fail: _Target) -> list[str]:

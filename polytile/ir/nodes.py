@@ -285,10 +285,14 @@ class Across:
     threads): the block's reduction index `index` is shared out over `threads`
     work-items (a power of two), each combining every threads-th iteration into a
     register; the group then combines the partial results in a tree in local memory and
-    one work-item combines the total into the output."""
+    one work-item combines the total into the output. With `warp` (a power of two up to
+    `threads`; 0: none), the partial results are combined in registers instead:
+    FusionStitching's warp composition (§5), warp shuffles within each warp of `warp`
+    work-items, one result per warp through local memory, and shuffles again."""
 
     index: str
     threads: int
+    warp: int = 0
 
 
 @dataclass(frozen=True)
@@ -335,11 +339,13 @@ class RowGroup:
     index `index` runs one row per work-group, its `threads` work-items (a power of two)
     running each member statement in turn as described by `phases` (one per member,
     in order). The row's intermediates (the block's local buffers) live where their
-    refinement's location says: "shared" is the group's local memory."""
+    refinement's location says: "shared" is the group's local memory. `warp`: the
+    `across` members combine their partial results by warp shuffles (`Across.warp`)."""
 
     index: str
     threads: int
     phases: tuple[RowPhase, ...]
+    warp: int = 0
 
 
 @dataclass(frozen=True)

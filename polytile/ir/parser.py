@@ -228,9 +228,9 @@ class _Parser(TokenCursor[_Token]):
                           "grid(i), thread(i), prefetch(distance), stream(view, ...), "
                           "next_row(view, index, rows, stride), folded(block), first(i, ...), "
                           "tensorize(instruction, i, k), "
-                          "stage(k, tile, A, ..., pad = n), across(k, threads), "
+                          "stage(k, tile, A, ..., pad = n), across(k, threads[, warp = n]), "
                           "stitch(for barrier, single, ...), mma(instruction, i, j, k, warps, warps, tiles, tiles), "
-                          "rows(r, threads, single barrier, across, spread, ...)")
+                          "rows(r, threads[, warp = n], single barrier, across, spread, ...)")
         self.expect("(")
         if word in ("unroll", "order"):
             fields[word] = self.listed(")", lambda: self.name("an index"))
@@ -303,15 +303,17 @@ class _Parser(TokenCursor[_Token]):
             index = self.name("the row index")
             self.expect(",")
             threads = self.integer("the work-items")
+            warp = self.warp()
             phases: list[RowPhase] = []
             while self.tok.text == ",":
                 self.advance()
                 phases.append(self.row_phase())
-            fields["rows"] = RowGroup(index, threads, tuple(phases))
+            fields["rows"] = RowGroup(index, threads, tuple(phases), warp)
         elif word == "across":
             index = self.name("the reduction index")
             self.expect(",")
-            fields["across"] = Across(index, self.integer("the work-items"))
+            threads = self.integer("the work-items")
+            fields["across"] = Across(index, threads, self.warp())
         elif word == "mma":
             name = self.name("the instruction")
             self.expect(",")
@@ -343,6 +345,15 @@ class _Parser(TokenCursor[_Token]):
         if barrier:
             self.advance()
         return Phase(kind == "for", barrier)
+
+    def warp(self) -> int:
+        """`, warp = n` after a group's work-items, or 0."""
+        if self.tok.text != "," or self.peek().text != "warp":
+            return 0
+        self.advance()
+        self.advance()
+        self.expect("=")
+        return self.integer("the warp's work-items")
 
     def row_phase(self) -> RowPhase:
         """`single`, `spread` or `across`, then `barrier` if the group waits after it."""

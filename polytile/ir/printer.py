@@ -166,7 +166,8 @@ def format_schedule(s: BlockSchedule) -> str:
         pad = f", pad = {s.stage.pad}" if s.stage.pad else ""
         items.append(f"stage({s.stage.index}, {s.stage.tile}, {', '.join(s.stage.refs)}{pad})")
     if s.across is not None:
-        items.append(f"across({s.across.index}, {s.across.threads})")
+        warp = f", warp = {s.across.warp}" if s.across.warp else ""
+        items.append(f"across({s.across.index}, {s.across.threads}{warp})")
     if s.mma is not None:
         w = s.mma
         items.append(f"mma({w.instruction}, {w.rows}, {w.cols}, {w.reduction}, {w.warps_m}, "
@@ -177,7 +178,8 @@ def format_schedule(s: BlockSchedule) -> str:
         items.append(f"stitch({', '.join(phases)})")
     if s.rows is not None:
         kinds = (p.kind + (" barrier" if p.barrier else "") for p in s.rows.phases)
-        items.append(f"rows({s.rows.index}, {s.rows.threads}, {', '.join(kinds)})")
+        warp = f", warp = {s.rows.warp}" if s.rows.warp else ""
+        items.append(f"rows({s.rows.index}, {s.rows.threads}{warp}, {', '.join(kinds)})")
     return f"schedule({', '.join(items)})"
 
 

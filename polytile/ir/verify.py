@@ -191,6 +191,7 @@ def _check_rows(block: Block, group: RowGroup, path: str) -> None:
             or threads < 2 or threads & (threads - 1):
         raise _fail(path, f"rows({group.index}, {threads}) needs the block's one loop on the "
                           "grid and a power-of-two group of work-items")
+    _check_warp(group.warp, threads, path)
     members = [st for st in block.stmts if isinstance(st, Block)]
     if len(members) != len(block.stmts) or len(members) != len(group.phases):
         raise _fail(path, f"a row group has a block per phase, not {len(block.stmts)} "
@@ -223,6 +224,15 @@ def _check_across(block: Block, across: Across, path: str) -> None:
         raise _fail(path, f"across({across.index}, {threads}) needs a power-of-two group over "
                           "the only loop of a leaf with one aggregating store along it, and no "
                           "data-dependent subscript")
+    _check_warp(across.warp, threads, path)
+
+
+def _check_warp(warp: int, threads: int, path: str) -> None:
+    """A group's warps: none, or a power of two of work-items dividing the group, with at
+    most `warp` warps (their results are combined by one warp's shuffles)."""
+    if warp and (warp < 2 or warp & (warp - 1) or warp > threads or threads > warp * warp):
+        raise _fail(path, f"warp = {warp} needs a power of two of at least 2 work-items, up to "
+                          f"the group's {threads} and with at most {warp} warps in it")
 
 
 def contiguous_along(ref: Refinement, index: str) -> bool:

@@ -10,6 +10,8 @@ polytile.passes.gpu_rows): a fused row block whose row runs on one work-group.
         across:  acc = identity; for m = t; m < M; m += T: acc (+)= term(m)
                  part[t] = acc; barrier; tree (T/2, ..., 1), barrier after each step;
                  if t == 0: out (+)= part[0]
+                 (with warps, `RowGroup.warp`: shuffles instead of the tree, as
+                 polytile.loops.gpu_tile.lower_across does)
         barrier                                     (where the phase says so)
 
 Every barrier is at the top level of the thread loop or in the tree's unrolled steps,
@@ -74,9 +76,10 @@ def lower_block(low: Lowering, blk: Block, outer: Scope) -> list[L.Stmt]:
         work.append(L.Comment(f"block {safe(member.name)}: {phase.kind}"))
         if phase.kind == "across":
             (loop,) = [i for i in member.idxs if i.affine is None and i.range > 1]
-            steps, part = across_steps(low, member, scope, loop.name, me, spec.threads)
+            steps, part = across_steps(low, member, scope, loop.name, me, spec.threads,
+                                       spec.warp)
             work += steps
-            parts.append(part)
+            parts += part
         else:
             work += _member(low, member, scope, phase.kind, me, spec.threads)
         if phase.barrier:

@@ -201,22 +201,35 @@ def lower_across(low: Lowering, blk: Block, outer: Scope) -> list[L.Stmt]:
             for s = T/2, T/4, ..., 1:  if t < s: part[t] = part[t] (+) part[t + s];  barrier
             if t == 0: out (+)= part[0]
 
-    Every work-item reaches every barrier (the tree's steps are unrolled, uniform)."""
+    or, with warps of W work-items (`Across.warp`: FusionStitching's warp composition),
+    the partial results combined in registers:
+
+        __local part[T/W]
+        thread t:
+            acc = ... as above
+            for s = W/2, ..., 1:  acc = acc (+) (acc of thread t xor s)     (warp shuffles)
+            if t % W == 0: part[t / W] = acc;  barrier
+            v = t % W < T/W ? part[t % W] : identity
+            for s = T/W/2, ..., 1:  v = v (+) (v of thread t xor s)
+            if t == 0: out (+)= v
+
+    Every work-item reaches every barrier and shuffle (the steps are unrolled, uniform)."""
     spec = blk.schedule.across
     assert spec is not None
     t = low.fresh("i")
-    work, buffer = across_steps(low, blk, outer, spec.index, Affine.index(t), spec.threads)
+    work, buffers = across_steps(low, blk, outer, spec.index, Affine.index(t), spec.threads,
+                                 spec.warp)
     title = L.Comment(f"block {safe(blk.name)}: reduction {safe(spec.index)} across "
                       f"{spec.threads} work-items")
-    return [title, L.Alloc((buffer,), (L.Loop(t, Affine.constant(0),
-                                              Affine.constant(spec.threads), tuple(work),
-                                              "thread"),))]
+    loop = L.Loop(t, Affine.constant(0), Affine.constant(spec.threads), tuple(work), "thread")
+    return [title, L.Alloc(tuple(buffers), (loop,)) if buffers else loop]
 
 
 def across_steps(low: Lowering, blk: Block, outer: Scope, index: str, me: Affine,
-                 group: int) -> tuple[list[L.Stmt], L.Buffer]:
+                 group: int, warp: int = 0) -> tuple[list[L.Stmt], list[L.Buffer]]:
     """What work-item `me` of `group` runs for a reduction along `index` shared by the
-    group (see lower_across), and the shared buffer of the partial results it uses."""
+    group (see lower_across), and the shared buffer of the partial results it uses, if
+    any."""
     (store,) = [st for st in blk.stmts if isinstance(st, Store)]
     out_ref = blk.ref(store.ref)
     agg = out_ref.agg
@@ -243,8 +256,22 @@ def across_steps(low: Lowering, blk: Block, outer: Scope, index: str, me: Affine
     part = low.fresh("l")
     work: list[L.Stmt] = [
         L.Var(acc, vt, L.Lit(identity(agg, out_view.dtype))),
-        L.Loop(r, me, Affine.constant(reduction.range), tuple(body), step=group),
-        L.Store(part, me, acc), L.Barrier("shared")]
+        L.Loop(r, me, Affine.constant(reduction.range), tuple(body), step=group)]
+    if warp:
+        total, size = _warp_steps(low, agg, vt, acc, me, group, warp, part, work)
+    else:
+        total, size = _tree_steps(low, agg, vt, acc, me, group, part, work)
+    work.append(L.If((me.scale(-1),), (L.Store(out_view.ptr, out_view.offset, total, agg),)))
+    buffers = [L.Buffer(part, out_view.dtype, size, "stack", "shared",
+                        label=f"partial results of {safe(index)}")] if size else []
+    return work, buffers
+
+
+def _tree_steps(low: Lowering, agg: str, vt: L.VType, acc: str, me: Affine, group: int,
+                part: str, work: list[L.Stmt]) -> tuple[str, int]:
+    """The partial results combined in a tree in local memory `part` (appended to
+    `work`): the name work-item 0 then holds the total in, and part's size."""
+    work += [L.Store(part, me, acc), L.Barrier("shared")]
     step = group // 2
     while step >= 1:
         a, b, c = low.fresh("s"), low.fresh("s"), low.fresh("s")
@@ -254,11 +281,40 @@ def across_steps(low: Lowering, blk: Block, outer: Scope, index: str, me: Affine
                  L.Barrier("shared")]
         step //= 2
     total = low.fresh("s")
-    work.append(L.If((me.scale(-1),), (L.Let(total, vt, L.Read(part, Affine.constant(0))),
-                                       L.Store(out_view.ptr, out_view.offset, total, agg))))
-    buffer = L.Buffer(part, out_view.dtype, group, "stack", "shared",
-                      label=f"partial results of {safe(index)}")
-    return work, buffer
+    work.append(L.Let(total, vt, L.Read(part, Affine.constant(0))))
+    return total, group
+
+
+def _warp_steps(low: Lowering, agg: str, vt: L.VType, acc: str, me: Affine, group: int,
+                warp: int, part: str, work: list[L.Stmt]) -> tuple[str, int]:
+    """The partial results combined by warp shuffles (appended to `work`), one result
+    per warp through local memory `part` when the group has several: the name work-item
+    0 then holds the total in, and part's size (0: none)."""
+    _shuffles(low, agg, vt, acc, me, warp, work)
+    warps = group // warp
+    if warps == 1:
+        return acc, 0
+    which, lane, mine = low.fresh("d"), low.fresh("d"), low.fresh("s")
+    place = Affine.index(lane)
+    work += [L.Let(which, INT64, L.IntValue(L.IDiv(me, warp))),
+             L.Let(lane, INT64, L.IntValue(me - Affine.index(which).scale(warp))),
+             L.If((place.scale(-1),), (L.Store(part, Affine.index(which), acc),)),
+             L.Barrier("shared"),
+             L.Var(mine, vt, L.Lit(identity(agg, vt.dtype))),
+             L.If((Affine.constant(warps - 1) - place,), (L.Assign(mine, L.Read(part, place)),))]
+    _shuffles(low, agg, vt, mine, me, warps, work)
+    return mine, warps
+
+
+def _shuffles(low: Lowering, agg: str, vt: L.VType, acc: str, me: Affine, width: int,
+              work: list[L.Stmt]) -> None:
+    """acc combined with the acc of every work-item of its `width` (a butterfly of
+    shuffles: afterwards each of them holds the combination of all)."""
+    step = width // 2
+    while step >= 1:
+        other = low.fresh("s")
+        work += [L.WarpXor(other, vt, acc, step, me), L.Assign(acc, L.Combine(agg, acc, other))]
+        step //= 2
 
 
 def _loops(indices: list, var: dict[str, str], body: list[L.Stmt]) -> list[L.Stmt]:

@@ -91,6 +91,7 @@ class _Machine:
         self.ints: dict[str, int] = {}                         # loop variables, int64 values
         self.barriers: dict[int, bool] = {}                    # id(statement) -> has one
         self.warp_results: dict[tuple, tuple[np.ndarray, ...]] = {}
+        self.shuffled: dict[int, dict[int, np.ndarray]] = {}   # id(WarpXor) -> place: value
 
     def kernel(self, kernel: L.Kernel) -> None:
         self.alloc(kernel.locals)
@@ -188,6 +189,8 @@ class _Machine:
             if key not in self.barriers:
                 if isinstance(st, L.Barrier):
                     self.barriers[key] = st.space == "shared"
+                elif isinstance(st, L.WarpXor):
+                    self.barriers[key] = True
                 elif isinstance(st, (L.Loop, L.Alloc)):
                     self.barriers[key] = self.has_barrier(st.body)
                 elif isinstance(st, L.If):
@@ -242,6 +245,8 @@ class _Machine:
         for st in stmts:
             if isinstance(st, L.Barrier) and st.space == "shared":
                 yield True
+            elif isinstance(st, L.WarpXor):
+                yield from self.warp_xor(st)
             elif not self.has_barrier((st,)):
                 self.stmt(st)
             elif isinstance(st, L.Loop) and st.kind == "serial":
@@ -259,6 +264,21 @@ class _Machine:
             else:
                 raise IRError(f"a barrier inside a {st.kind if isinstance(st, L.Loop) else ''} "
                               f"{type(st).__name__} of a thread loop")
+
+    def warp_xor(self, st: L.WarpXor) -> Iterator[bool]:
+        """A warp shuffle as two lock-step rounds: every thread posts its value, then
+        each takes its partner's (see L.WarpXor)."""
+        posted = self.shuffled.setdefault(id(st), {})
+        place = self.i(st.place)
+        posted[place] = self.values[st.value]
+        yield True
+        partner = place ^ st.mask
+        if partner not in posted:
+            raise IRError(f"warp shuffle {st.name}: thread {place} has no partner {partner} "
+                          "in its group")
+        self.types[st.name] = st.type
+        self.set(st.name, posted[partner].copy())
+        yield True
 
     def region(self, st: L.Region) -> None:
         """The threads take turns between barriers, the last thread first."""

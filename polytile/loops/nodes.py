@@ -55,6 +55,11 @@ Semantics (the interpreter, polytile.loops.interp, is the reference):
 * `Barrier("shared")`: in a thread loop, every thread of the group arrives before any
   goes on, and then sees what the others wrote (GPU backends; the interpreter runs the
   group's threads in lock-step between barriers; the C printer refuses it).
+* `WarpXor(name, type, value, mask, place)`: a warp shuffle. Every thread of the group
+  runs it together (as it reaches a barrier); `name` is then the value `value` has in
+  the thread whose place in the group is this one's `place` xor `mask` (`mask` below
+  the warp's size: a thread of the same warp). CUDA's `__shfl_xor_sync`; backends
+  without warps refuse it.
 """
 from __future__ import annotations
 
@@ -355,6 +360,15 @@ class Barrier:
 
 
 @dataclass(frozen=True)
+class WarpXor:
+    name: str
+    type: VType
+    value: str
+    mask: int
+    place: Affine            # the thread's index in its group
+
+
+@dataclass(frozen=True)
 class Region:
     """One OpenMP parallel region (see the module docstring for what its body holds)."""
 
@@ -376,7 +390,7 @@ class Instruction:
 
 
 Stmt = Union[Let, Var, Assign, Store, Loop, If, Switch, Check, Alloc, Kept, Comment, Prefetch,
-             Barrier, Instruction, Region, Single, FragmentStore, Fence]
+             Barrier, WarpXor, Instruction, Region, Single, FragmentStore, Fence]
 
 
 @dataclass(frozen=True)

@@ -136,6 +136,9 @@ def _stmts(stmts: tuple[L.Stmt, ...], depth: int) -> list[str]:
             out.append(f"{pad}prefetch{write} {_access(st.buffer, st.offset, 1, None)}")
         elif isinstance(st, L.Barrier):
             out.append(f"{pad}barrier {st.space}")
+        elif isinstance(st, L.WarpXor):
+            out.append(f"{pad}{st.name}: {st.type} = {st.value} of the thread at "
+                       f"{iexpr(st.place)} xor {st.mask}")
         elif isinstance(st, L.Region):
             out.append(f"{pad}region:")
             out += _stmts(st.body, depth + 1)

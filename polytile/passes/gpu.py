@@ -38,7 +38,9 @@ of at least 16 iterations, and that is not staged, runs one work-group per outpu
 with `reduce` (64) work-items sharing the reduction (`BlockSchedule.across`): each
 combines every 64th term in a register, then the group combines the partial results in
 a tree in local memory (row maxima and sums of softmax and layernorm, a dot product into
-a scalar).
+a scalar). With `warp` (the cuda targets: 32; 0 by default, as OpenCL has no portable
+warp), groups of 1 to `warp` whole warps combine them by warp shuffles instead
+(`Across.warp`, FusionStitching's warp composition); row groups likewise.
 
 Row groups (FusionStitching's block composition): a fused row block of pass `fuse`
 (softmax, layernorm) runs one row per work-group, `rows` (64) work-items sharing each of
@@ -55,7 +57,7 @@ from polytile.errors import ArgumentError
 from polytile.ir import nodes as N
 from polytile.ir import polyhedra
 from polytile.ir.rows import plain_leaf
-from polytile.passes.gpu_rows import row_group
+from polytile.passes.gpu_rows import row_group, warp_of
 from polytile.passes.pipeline import between, count, register
 from polytile.passes.tile import substitute_local, tile
 from polytile.targets.target import Target
@@ -71,6 +73,7 @@ MAX_UNROLL = 8
 DEFAULT_REDUCE = 64      # work-items sharing a reduction across a group (0: never)
 DEFAULT_ROWS = 64        # work-items sharing a fused row (0: a row per work-item)
 MIN_ACROSS = 16          # shorter reductions stay serial in a work-item
+MAX_WARP = 64            # work-items of a warp (NVIDIA: 32; 0, the default: no shuffles)
 # Elements added to each row of a staged box: rows of 16 floats read down a column by
 # neighbouring work-items would fall in the same of 32 banks every other row; 17 apart,
 # never (TC pads shared arrays the same way).
@@ -196,11 +199,13 @@ def register_split(block: N.Block, threads: dict[str, int]) -> tuple[N.Block, li
     return split, [i.name for i in extra]
 
 
-def across(block: N.Block, mapped: list[str], dims: int, threads: int) -> N.Across | None:
+def across(block: N.Block, mapped: list[str], dims: int, threads: int,
+           warp: int = 0) -> N.Across | None:
     """A reduction across work-items (N.Across) for a block whose only other loop is one
     reduction of at least MIN_ACROSS iterations, when its output indices are all mappable
     to the grid (a point per work-group), or None. The group is the largest power of two
-    up to `threads` and the reduction's range."""
+    up to `threads` and the reduction's range; its partial results are combined by warp
+    shuffles where `warp_of` says so."""
     if not threads or not stageable(block, aggs=("add", "mul", "max", "min")):
         return None
     (store,) = [st for st in block.stmts if isinstance(st, N.Store)]
@@ -213,7 +218,7 @@ def across(block: N.Block, mapped: list[str], dims: int, threads: int) -> N.Acro
     group = 1
     while group * 2 <= min(threads, reductions[0].range):
         group *= 2
-    return N.Across(reductions[0].name, group)
+    return N.Across(reductions[0].name, group, warp_of(group, warp))
 
 
 def map_across(block: N.Block, reduce: N.Across, parent_sizes: dict[str, tuple[int, ...]]
@@ -237,11 +242,11 @@ def map_across(block: N.Block, reduce: N.Across, parent_sizes: dict[str, tuple[i
 def map_block(block: N.Block, threads: int, dims: int,
               parent_sizes: dict[str, tuple[int, ...]], tile_k: int = 0,
               shared_bytes: int = 0, unroll: int = 1, reduce_threads: int = 0,
-              pad: int = 0) -> N.Block:
+              pad: int = 0, warp: int = 0) -> N.Block:
     """`block` as a grid of work-groups over thread tiles (see the module docstring)."""
     mapped = mappable(block)
     # A reduction is staged where it can be, else shared across work-items where it can.
-    reduce = across(block, mapped, dims, reduce_threads)
+    reduce = across(block, mapped, dims, reduce_threads, warp)
     mapped = mapped[-dims:]
     if not mapped:
         return block if reduce is None else map_across(block, reduce, parent_sizes)
@@ -268,7 +273,7 @@ def map_block(block: N.Block, threads: int, dims: int,
              else None)
     if stage is None and unrolled:      # no staging after all: one point per work-item
         return map_block(block, threads, dims, parent_sizes, tile_k, shared_bytes, 1,
-                         reduce_threads, pad)
+                         reduce_threads, pad, warp)
     if stage is None and reduce is not None:
         return map_across(block, reduce, parent_sizes)
     if stage is not None:
@@ -301,19 +306,28 @@ def gpu(fn: N.Function, target: Target, params: dict[str, Any]) -> N.Function:
     reduce_threads = params.get("reduce", DEFAULT_REDUCE)
     pad = params.get("pad", DEFAULT_PAD)
     rows = params.get("rows", DEFAULT_ROWS)
+    warp = params.get("warp", 0)
     sizes = {r.into: r.shape.sizes for r in fn.body.refs}
 
     def mapped(block: N.Block) -> N.Block:
-        grouped = row_group(block, rows, shared_bytes) if rows else None
+        grouped = row_group(block, rows, shared_bytes, warp) if rows else None
         return grouped or map_block(block, threads, dims, sizes, tile_k, shared_bytes,
-                                    unroll, reduce_threads, pad)
+                                    unroll, reduce_threads, pad, warp)
 
     stmts = tuple(mapped(s) if isinstance(s, N.Block) and s.schedule.mma is None else s
                   for s in fn.body.stmts)       # pass tensor_cores mapped the others
     return replace(fn, body=replace(fn.body, stmts=stmts))
 
 
+def _warp_size(value: Any) -> str | None:
+    problem = between(0, MAX_WARP)(value)
+    if problem or value & (value - 1) == 0:
+        return problem
+    return f"must be 0 or a power of two, got {value}"
+
+
 register("gpu", gpu, threads=between(1, MAX_THREADS), dims=between(1, MAX_DIMS),
          tile_k=between(0, MAX_TILE_K), shared_bytes=count, unroll=between(1, MAX_UNROLL),
          reduce=between(0, MAX_THREADS), pad=between(0, MAX_PAD),
-         rows=between(0, MAX_THREADS))
+         rows=between(0, MAX_THREADS), warp=_warp_size)
+

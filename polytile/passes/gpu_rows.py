@@ -35,6 +35,13 @@ from polytile.ir.rows import global_handoffs, member_loops, phase_kind, required
 SHARED = "shared"       # the refinement location of the group's local memory
 
 
+def warp_of(group: int, warp: int) -> int:
+    """The warp a group of `group` work-items combines its partial results in: `warp`
+    where the group is whole warps, at most `warp` of them; else 0 (a tree in local
+    memory)."""
+    return warp if 2 <= warp <= group <= warp * warp else 0
+
+
 def group_size(members: list[N.Block], threads: int) -> int:
     """Work-items of the group: the largest power of two up to `threads` and the
     longest member loop (a row of 37 gets 32; 1000 gets `threads`)."""
@@ -45,20 +52,22 @@ def group_size(members: list[N.Block], threads: int) -> int:
     return size
 
 
-def shared_bytes_of(block: N.Block, kinds: list[str], threads: int) -> int:
+def shared_bytes_of(block: N.Block, kinds: list[str], threads: int, warp: int = 0) -> int:
     """Local memory the row group takes: its intermediates, and the partial results of
-    each reduction's tree (one element per work-item)."""
+    each reduction (one element per work-item for a tree, per warp with shuffles)."""
     total = sum(math.prod(r.shape.sizes) * r.shape.dtype.numpy.itemsize
                 for r in block.refs if not r.from_)
     for member, kind in zip(block.stmts, kinds):
         if kind == "across":
             assert isinstance(member, N.Block)
             (store,) = [st for st in member.stmts if isinstance(st, N.Store)]
-            total += threads * member.ref(store.ref).shape.dtype.numpy.itemsize
+            parts = threads // warp if warp else threads
+            total += parts * member.ref(store.ref).shape.dtype.numpy.itemsize
     return total
 
 
-def row_group(block: N.Block, threads: int, shared_bytes: int) -> N.Block | None:
+def row_group(block: N.Block, threads: int, shared_bytes: int, warp: int = 0
+              ) -> N.Block | None:
     """`block` (a fused row block) as a row group, or None where it cannot be one."""
     loops = [i for i in block.idxs if i.affine is None]
     if "fused" not in block.tags or len(loops) != 1 or block.constraints \
@@ -70,11 +79,12 @@ def row_group(block: N.Block, threads: int, shared_bytes: int) -> N.Block | None
             or global_handoffs(block):
         return None
     size = group_size(members, threads)
+    warp = warp_of(size, warp)
     decided = [k for k in kinds if k is not None]
-    if size < 2 or shared_bytes_of(block, decided, size) > shared_bytes:
+    if size < 2 or shared_bytes_of(block, decided, size, warp) > shared_bytes:
         return None
     phases = tuple(N.RowPhase(k, b) for k, b in zip(decided, required_barriers(members)))
     refs = tuple(r if r.from_ else replace(r, location=SHARED) for r in block.refs)
     row = loops[0].name
     return replace(block, refs=refs, schedule=N.BlockSchedule(
-        gpu=((row, "grid"),), rows=N.RowGroup(row, size, phases)))
+        gpu=((row, "grid"),), rows=N.RowGroup(row, size, phases, warp)))

@@ -9,6 +9,7 @@ names a CPU meaning:
     __syncthreads();            an OpenMP barrier of the block's team
     threadIdx.x / blockIdx.y    a thread's (thread_local) and the block's coordinates
     atomicCAS, __int_as_float   GCC's __sync compare-and-swap, a bit copy
+    __shfl_xor_sync             a post and a take between two barriers of the block
 
 Blocks run one after another; the threads of a block are an OpenMP team of exactly
 that many threads, so every barrier waits for all of them, as on a GPU (a kernel whose
@@ -68,6 +69,19 @@ static inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); ret
 static inline int atomicCAS(int *p, int expected, int value)
 {
     return __sync_val_compare_and_swap(p, expected, value);
+}
+/* A warp shuffle: every thread of the block posts its value, then takes the value of
+   the thread at its place xor mask (the lowering has all threads of a block shuffle
+   together, so the block's barriers stand for the warp's lock-step). */
+template <typename T> static T __shfl_xor_sync(unsigned, T value, int mask)
+{
+    static T posted[1024];
+    int me = omp_get_thread_num();
+    posted[me] = value;
+    _Pragma("omp barrier")
+    T got = posted[me ^ mask];
+    _Pragma("omp barrier")
+    return got;
 }
 """
 

@@ -4,9 +4,10 @@ kernel cache, NVRTC errors quoting the generated line, the clear refusal to run 
 device, and, where a device exists, the corpus against NumPy (skipped here, saying why).
 
 The CUDA semantics of the mapping are checked by running its OpenCL twin: the cuda
-targets run the opencl target's passes with the same parameters, and
-`test_cuda_kernels_are_the_loops_opencl_runs` checks that the loop IR printed as CUDA is
-the one tests/conformance/test_opencl.py executes on PoCL against the references."""
+targets run the opencl target's passes with the same parameters (and warp shuffles,
+which OpenCL lacks), and `test_cuda_kernels_are_the_loops_opencl_runs` checks that the
+loop IR printed as CUDA, without the shuffles, is the one
+tests/conformance/test_opencl.py executes on PoCL against the references."""
 from __future__ import annotations
 
 import dataclasses
@@ -50,17 +51,19 @@ PROGRAMS = {"tmm": (TMM, {"A": (37, 53), "B": (29, 53)}),
             "gconv": (GCONV, {"I": (2, 2, 4, 11, 10), "W1": (2, 8, 4, 3, 3)})}
 
 
-def stage(name: str, target: str, which: str) -> str:
+def stage(name: str, target: str, which: str, options: dict | None = None) -> str:
     source, shapes = PROGRAMS[name]
     fn = pt.define(source, backend="interp")[name].fn
     chosen = T.inspection_target(target)
-    ir = Compiler(load_config(), chosen).ir(specialize(fn, shapes, {}))
+    ir = Compiler(load_config(), chosen, options=options or {}).ir(specialize(fn, shapes, {}))
     return backend_for(chosen).generate(ir, chosen).text(which)
 
 
 @pytest.mark.parametrize("name", sorted(PROGRAMS))
 def test_cuda_kernels_are_the_loops_opencl_runs(name: str) -> None:
-    assert stage(name, "cuda-sm90", "loops") == stage(name, "opencl", "loops")
+    """Except for warp shuffles, which OpenCL lacks (gpu.warp = 0 leaves them out; the
+    shuffles' semantics are checked by tests/gpu/test_cuda_warp.py)."""
+    assert stage(name, "cuda-sm90", "loops", {"gpu.warp": 0}) == stage(name, "opencl", "loops")
 
 
 @pytest.mark.parametrize("name", ["tmm", "tbmm", "softmax", "gconv"])
@@ -86,9 +89,18 @@ def test_tmm_prints_padded_tiles_and_a_register_tile() -> None:
     assert "float l2[4] = {0};  /* accumulators of the register tile */" in text
 
 
-def test_softmax_reduces_across_a_block_in_shared_memory() -> None:
+def test_softmax_reduces_across_a_block_by_warp_shuffles() -> None:
     text = stage("softmax", "cuda-sm90", "cuda")
-    assert "partial results of" in text
+    # 64 threads: five shuffles within each warp of 32, a barrier to pass the two warps'
+    # results through shared memory, one shuffle between them; for the max and the sum
+    assert "__shared__ float l3[2];  /* partial results of i1 */" in text
+    assert text.count("__shfl_xor_sync(0xffffffffu, ") == 12
+    assert text.count("__syncthreads();") == 2
+
+
+def test_softmax_reduces_across_a_block_in_shared_memory_without_warps() -> None:
+    text = stage("softmax", "cuda-sm90", "cuda", {"gpu.warp": 0})
+    assert "partial results of" in text and "__shfl" not in text
     # 64 threads combine in a tree: a barrier per halving, for the max and the sum
     assert text.count("__syncthreads();") >= 12
 
