@@ -11,12 +11,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cached_property
 
-from polytile.autodiff import emit, rules
+from polytile.autodiff import rules
 from polytile.dtypes import DType
 from polytile.sema import program as P
 from polytile.sema import typing as T
 from polytile.sema.printer import format_expr
-from polytile.sema.sizes import SizeExpr, Sym
+from polytile.sema.sizes import SizeExpr, Sym, tc_text
 
 ZERO = SizeExpr.const_(0)
 Ranges = tuple[tuple[str, P.Range], ...]
@@ -43,7 +43,7 @@ class Stmt:
         return len(names) == len(self.lhs) and set(names) == {i for i, _ in self.ranges}
 
     def text(self) -> str:
-        where = ", ".join(f"{i} in {emit.size(r.lo)}:{emit.size(r.hi)}" for i, r in self.ranges)
+        where = ", ".join(f"{i} in {tc_text(r.lo)}:{tc_text(r.hi)}" for i, r in self.ranges)
         text = (f"{self.tensor}({', '.join(_subscript(x) for x in self.lhs)}) {self.op} "
                 f"{format_expr(self.rhs)}")
         return f"{text} where {where}" if where else text

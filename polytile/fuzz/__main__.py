@@ -23,6 +23,7 @@ from pathlib import Path
 from polytile.config import load_config
 from polytile.errors import PolytileError, UnsupportedError
 from polytile.fuzz import require_hypothesis
+from polytile.runtime.dispatch import wait_for_builds
 
 
 def _arguments(argv: list[str] | None) -> argparse.Namespace:
@@ -58,22 +59,27 @@ def main(argv: list[str] | None = None) -> int:
     from polytile.fuzz.mutations import corpus, default_corpus_paths
     from polytile.fuzz.runner import Campaign, run
     with tempfile.TemporaryDirectory(prefix="polytile-fuzz-") as cache:
-        config = dataclasses.replace(load_config(), cache_dir=Path(cache), ignore_tuned=True)
-        if args.target:
-            problem = _unusable(args.target)
-            if problem:
-                print(problem, file=sys.stderr)
-                return 2
-            config = dataclasses.replace(config, target=args.target)
-        if args.replay:
-            return _replay(args.replay, config)
-        programs = corpus(args.corpus if args.corpus is not None else default_corpus_paths())
-        progress = None if args.quiet else (lambda line: print(line, file=sys.stderr,
-                                                               flush=True))
-        campaign = Campaign(args.cases, args.compile_cases, args.seed, tuple(programs), config,
-                            progress=progress, gradient_cases=args.gradient_cases)
-        print(f"corpus: {len(programs)} programs; seed {args.seed}", file=sys.stderr)
-        report = run(campaign)
+        try:
+            config = dataclasses.replace(load_config(), cache_dir=Path(cache), ignore_tuned=True)
+            if args.target:
+                problem = _unusable(args.target)
+                if problem:
+                    print(problem, file=sys.stderr)
+                    return 2
+                config = dataclasses.replace(config, target=args.target)
+            if args.replay:
+                return _replay(args.replay, config)
+            programs = corpus(args.corpus if args.corpus is not None else default_corpus_paths())
+            progress = None if args.quiet else (lambda line: print(line, file=sys.stderr,
+                                                                   flush=True))
+            campaign = Campaign(args.cases, args.compile_cases, args.seed, tuple(programs), config,
+                                progress=progress, gradient_cases=args.gradient_cases)
+            print(f"corpus: {len(programs)} programs; seed {args.seed}", file=sys.stderr)
+            report = run(campaign)
+        finally:
+            # The native call path builds into the cache in the background: wait for
+            # it before the directory goes (a replay ends before it lands).
+            wait_for_builds()
     print(report.summary())
     if args.failures and report.failures:
         args.failures.mkdir(parents=True, exist_ok=True)

@@ -124,6 +124,15 @@ def _module(config: Config, wait: bool) -> Any | None:
     return None
 
 
+def wait_for_builds() -> None:
+    """Wait until the builds started in the background have landed (before their cache
+    directory goes away: a temporary one, as the fuzzer's)."""
+    with _LOCK:
+        pending = list(_BUILDS.values())
+    for build in pending:
+        build.join()
+
+
 def _build_in_background(config: Config, toolchain: Toolchain, source: str,
                          includes: tuple[str, ...], digest: str) -> None:
     global generation

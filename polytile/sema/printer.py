@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from polytile.ir import intrinsics
 from polytile.sema import program as P
+from polytile.sema.sizes import tc_text
 from polytile.sema.specialize import Specialized
 
 _SYMBOL = {v: k for k, v in intrinsics.BINARY_SYMBOLS.items()}
@@ -19,8 +20,9 @@ def format_expr(e: P.TExpr, context: int = 0) -> str:
         return repr(e.value) if isinstance(e.value, float) else str(e.value)
     if isinstance(e, (P.IndexVar, P.ScalarArg)):
         return e.name
-    if isinstance(e, P.SizeVal):
-        return e.expr.paren()
+    if isinstance(e, P.SizeVal):       # TC, which the derived programs are parsed from
+        text = tc_text(e.expr, paren=True)
+        return f"({text})" if text.startswith("-") and context else text
     if isinstance(e, P.Read):
         return f"{e.tensor}({', '.join(format_expr(i) for i in e.indices)})"
     if e.op in _SYMBOL:

@@ -266,3 +266,36 @@ def _subst_atom(atom: Atom, env: Mapping[str, SizeExpr]) -> SizeExpr:
     if isinstance(atom, Div):
         return _divide(atom.num.substitute(env), atom.den.substitute(env), atom.ceil)
     return extreme([a.substitute(env) for a in atom.args], atom.is_max)
+
+
+def tc_text(s: SizeExpr, paren: bool = False) -> str:
+    """A size expression as TC source (`str` writes `floor(a/b)`, which is not TC): a
+    division of sizes is `/` (which rounds down in a range bound), a ceiling becomes
+    one, and min and max nest (TC's take two arguments). With `paren`, a sum is
+    parenthesized."""
+    parts: list[str] = []
+    for mono, c in s.terms:
+        body = "*".join(_atom(a) for a in mono)
+        text = body if abs(c) == 1 else f"{abs(c)}*{body}"
+        parts.append(text if not parts and c > 0 else f"-{text}" if not parts
+                     else f"{'-' if c < 0 else '+'} {text}")
+    if s.const or not parts:
+        parts.append(str(s.const) if not parts
+                     else f"{'-' if s.const < 0 else '+'} {abs(s.const)}")
+    text = " ".join(parts)
+    return f"({text})" if paren and len(parts) > 1 else text
+
+
+def _atom(a: Atom) -> str:
+    if isinstance(a, Sym):
+        return a.name
+    if isinstance(a, Div):
+        if a.ceil:      # ceil(n / d) = floor((n + d - 1) / d)
+            return f"(({tc_text(a.num + a.den - 1)}) / {tc_text(a.den, paren=True)})"
+        return f"({tc_text(a.num, paren=True)} / {tc_text(a.den, paren=True)})"
+    # TC's min and max take two arguments: min(a, b, c) nests as min(a, min(b, c)).
+    name = "max" if a.is_max else "min"
+    text = tc_text(a.args[-1])
+    for x in reversed(a.args[:-1]):
+        text = f"{name}({tc_text(x)}, {text})"
+    return text

@@ -106,6 +106,29 @@ def f(bool(N, K) B, float(K) C, double(M) A) -> (float() O) {
     np.testing.assert_allclose(d_a, [seed] * 3, rtol=1e-6)
 
 
+def test_the_count_of_an_index_bounded_by_three_sizes_is_tc() -> None:
+    # O() adds B() once per i, and i's range ends at min(M, N + 1, N - s): the count that
+    # multiplies d_B is a value, which printed min with three arguments (the fuzzer found
+    # the derived program the front end rejected).
+    source = """
+def f(int32 s, float(M, N, N) A, double() B) -> (O) {
+  O() +=! B() - A(i, i - 1, i + s)
+}
+"""
+    fn = pt.define(source, backend="interp").f
+    derived = pt.grad(fn).source
+    assert "min(M, min(N + 1, N - s))" in derived
+    rng = np.random.default_rng(7)
+    A = rng.standard_normal((5, 4, 4)).astype(np.float32)
+    B, seed = np.float64(0.5), np.float64(rng.standard_normal())
+    for grad in (pt.grad(fn), pt.grad(pt.define(source).f)):
+        d_a, d_b = gradient_function(grad)(1, A, B, seed)
+        assert d_b == pytest.approx(2 * seed)          # i in [max(1, -s), min(5, 5, 3))
+        want = np.zeros_like(A)
+        want[1, 0, 2] = want[2, 1, 3] = -seed
+        np.testing.assert_allclose(d_a, want, rtol=1e-6)
+
+
 def test_a_scalar_subscript_is_scattered_into_as_a_value() -> None:
     # A(s) with s a scalar argument: the adjoint `d_A(s) += ...` would read s as an
     # index (and the front end refuses it); it is written d_A(int64(s)) (a fuzzer find).

@@ -176,13 +176,17 @@ def test_a_failure_on_another_target_replays_on_it(tmp_path, monkeypatch, capsys
     assert "unknown target" in capsys.readouterr().err
 
 
-# Two forward programs the gradient campaign drew whose derived programs the front end
-# rejected: an index the adjoint term does not use (i), a bound of three sizes.
+# Forward programs the gradient campaigns drew whose derived programs the front end
+# rejected: an index the adjoint term does not use (i), a bound of three sizes, and the
+# count of an unused index bounded by three sizes (a value: min(M, N + 1, N - s)).
 GRADIENT_FINDS = (
     ("def f(float(3, N) A, uint8(K) B) -> (O, P) {\n"
      "  O(k, l, j) +=! A(B(l - 1), 2 * j) + B(i) where k in 0:3\n  P() +=! A(1, 0)\n}\n"),
     ("def f(bool(N, K) B, float(K) C, double(M) A) -> (float() O, P) {\n"
      "  O() +=! A(l) where v = C(l), exists B(l, l)\n  P(i, j) = B(j, i)\n}\n"),
+    ("def f(uint8 s, int16(M, N, N) A, double() B) -> (O) {\n"
+     "  O() +=! s == B() ? A(j, 2 * k, j) != 1 : 0.5\n"
+     "  O() += B() - A(i, i - 1, i + s)\n}\n"),
 )
 
 
