@@ -141,6 +141,13 @@ class _KernelPrinter(_Printer):
         step = "" if st.step == 1 else f" * {st.step}"
         head = f"const {d.int64} {st.var} = {self.iexpr(st.lo)} + ({d.int64}){ident}{step};"
         body = self.stmts(st.body, fail)
+        if st.kind == "thread" and self.launch.covers(st) and _barrier_in_loop(st.body):
+            # No guard that is always true around a barrier in a loop (a staged
+            # reduction's): PoCL 3.1's kernel compiler aborts on it ("Could not find a
+            # dominating alternative variable"). Elsewhere the guard stays: without it
+            # PoCL 3.1 computes row groups wrongly (the CUDA emulation, whose barriers
+            # are real, runs both forms right).
+            return ["{", *_indent([head, *body]), "}"]
         return ["{", *_indent([head, f"if ({st.var} < {self.iexpr(st.hi)}) {{",
                                *_indent(body), "}"]), "}"]
 
@@ -195,3 +202,17 @@ def print_gpu(kernel: L.Kernel, dialect: Dialect) -> GPUSource:
             f" * {dialect.language}: {len(plan)} kernel(s), run in order. */\n")
     return GPUSource(head + dialect.header + (helpers + "\n" if helpers else "") + "\n"
                      + "\n".join(texts), plan)
+
+
+def _barrier_in_loop(stmts: tuple[L.Stmt, ...], inside: bool = False) -> bool:
+    """Whether a barrier sits in a serial loop under `stmts`."""
+    for st in stmts:
+        if isinstance(st, L.Barrier) and inside:
+            return True
+        if isinstance(st, L.Loop) and _barrier_in_loop(st.body, inside or st.kind == "serial"):
+            return True
+        if isinstance(st, L.If) and _barrier_in_loop(st.then + st.else_, inside):
+            return True
+        if isinstance(st, L.Alloc) and _barrier_in_loop(st.body, inside):
+            return True
+    return False

@@ -45,6 +45,16 @@ class Launch:
                 return kind, dim
         return None
 
+    def covers(self, loop: L.Loop) -> bool:
+        """Whether every work-group (grid loop) or work-item (thread loop) of the
+        launch's dimension is inside `loop`: it runs 0, 1, ... up to exactly the
+        dimension's size, so no guard is needed."""
+        where = self.dimension(loop.var)
+        if where is None or loop.step != 1 or _constant(loop.lo) != 0:
+            return False
+        kind, dim = where
+        return _constant(loop.hi) == (self.groups if kind == "grid" else self.threads)[dim]
+
 
 def _gpu_loops(stmts: tuple[L.Stmt, ...], depth: dict[str, int], found: list[tuple[L.Loop, int]],
                inside_serial: bool = False, inside_thread: bool = False) -> None:

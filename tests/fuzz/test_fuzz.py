@@ -221,3 +221,26 @@ def test_a_missing_hypothesis_gets_a_clear_message(monkeypatch, capsys):
     assert "pip install" in (info.value.hint or "")
     assert main(["--cases", "1"]) == 2
     assert "needs hypothesis" in capsys.readouterr().err
+
+
+# A gradient the opencl campaign drew (seed 93): its staged reduction put a barrier in a
+# loop under an always-true work-item guard, and PoCL 3.1's kernel compiler aborted the
+# process ("Could not find a dominating alternative variable"). X's random indices leave
+# its range, so both sides raise; before the fix the case was a crash.
+POCL_ABORT = ("def f(int64(N) X, double(N, N, K) C, float(K) A, double(N, 3) B) -> (O, P) {\n"
+              "  O(i, k) min=! 1 - A(j) + B(l, k) where i in 0:3\n  P() max=! A(X(j))\n}\n")
+
+
+def test_a_staged_reduction_on_pocl_does_not_abort(tmp_path):
+    """Replayed in a process of its own, as a user would (this one may hold PoCL's
+    threads from other tests, which a forked case would hang on)."""
+    import subprocess
+    path = tmp_path / "case.tc"
+    path.write_text(Failure("gradient", "crash", POCL_ABORT, 215588, "SIGABRT",
+                            target="opencl").reproducer())
+    done = subprocess.run([sys.executable, "-m", "polytile.fuzz", "--replay", str(path)],
+                          capture_output=True, text=True, timeout=600, check=False)
+    if done.returncode == 2:
+        pytest.skip(f"the opencl target cannot run here: {done.stderr.strip()}")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "gradient (seed 215588): raised OutOfBoundsError" in done.stdout
