@@ -290,6 +290,12 @@ def _statement(prog: Program, adj: _Adjoints, k: int) -> None:
         reads_old = any(r.tensor == old for r in T.reads(rhs))
         if old not in adj.names and through_old is g and not reads_old:
             adj.names[old] = gname                     # `+=` passes the adjoint through
+        elif not prog.full(k):
+            # The elements this statement does not update pass the adjoint through.
+            name = adj.name(old)
+            adj.emit(prog.copy(name, gname, like=v.name))
+            adj.emit(Stmt(name, lhs, "=", through_old, outer))
+            adj.ready.add(name)
         else:
             adj.add(old, lhs, through_old, outer)
     contributions: dict[P.Read, P.TExpr] = {}

@@ -167,6 +167,10 @@ class Program:
         keeps part of it and the old version must survive."""
         st, v = self.fn.statements[k], self.versions[k]
         into = self.storage.get(v.name, v.name)
+        if v.old is None and not self.full(k) and v.tensor in self.fn.outputs:
+            # An output starts at zero, and its first statement writes only part of it;
+            # the derived program holds it in a temporary, which does not.
+            yield self.zero(into, like=v.name)
         if self.keeps_old(k) and k not in self.in_place:
             assert v.old is not None
             yield self.copy(into, self.storage.get(v.old, v.old), like=v.name)

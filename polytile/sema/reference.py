@@ -42,7 +42,10 @@ def run(spec: Specialized, inputs: Mapping[str, np.ndarray | int | float],
         tensors[p.name] = np.asarray(value, dtype=p.dtype.numpy)
     tensors.update(outputs)
     for t in fn.temps:
-        tensors[t.name] = np.zeros(spec.shape(t.name), dtype=t.dtype.numpy)
+        # As the compiled code: an element no statement writes reads as NaN (floats),
+        # where a read of it shows, or 0 (docs/language.md, "Temporaries").
+        fill = np.nan if t.dtype.is_float else 0
+        tensors[t.name] = np.full(spec.shape(t.name), fill, dtype=t.dtype.numpy)
     for st, ranges in zip(fn.statements, spec.ranges):
         _run_statement(st, ranges, tensors, env)
 

@@ -129,6 +129,32 @@ def f(int32 s, float(M, N, N) A, double() B) -> (O) {
         np.testing.assert_allclose(d_a, want, rtol=1e-6)
 
 
+def test_an_output_first_written_in_part_starts_at_zero_in_the_gradient() -> None:
+    # O(0) is never written by the first statement: it starts at 0 as every output does,
+    # and min= then compares against it. The derived program holds O in a temporary,
+    # which does not start at 0 (NaN on the compiled side: the fuzzer found the
+    # gradient of C(0) lost on cpu-generic), so it zeroes it first. And min= updates
+    # O(0:N) only: O(N)'s adjoint passes through to the first statement's C(N - 1).
+    source = """
+def f(float(N) C, float(M) A) -> (O) {
+  O(k) = C(k - 1) + 3 where k in 1:N+1
+  O(l) min= C(l) + A(j)
+}
+"""
+    fn = pt.define(source, backend="interp").f
+    derived = pt.grad(fn).source
+    assert "O_0(i0) = float32(0.0) where i0 in 0:N + 1" in derived
+    C = np.array([0.5, -1.0, 2.0, 4.0], np.float32)
+    A = np.array([-2.0, 1.0, 0.0], np.float32)
+    seed = np.arange(1, 6, dtype=np.float32)
+    for grad in (pt.grad(fn), pt.grad(pt.define(source).f)):
+        d_c, d_a = gradient_function(grad)(C, A, seed)
+        # O = [-1.5, -3, 0, 2, 7]: O(l) = C(l) + A(0) for l < 4 (O(0) against its 0),
+        # and min= leaves O(4) = C(3) + 3, whose adjoint passes through to C(3).
+        np.testing.assert_allclose(d_c, [1, 2, 3, 4 + 5], rtol=1e-6)
+        np.testing.assert_allclose(d_a, [1 + 2 + 3 + 4, 0, 0], rtol=1e-6)
+
+
 def test_a_scalar_subscript_is_scattered_into_as_a_value() -> None:
     # A(s) with s a scalar argument: the adjoint `d_A(s) += ...` would read s as an
     # index (and the front end refuses it); it is written d_A(int64(s)) (a fuzzer find).
