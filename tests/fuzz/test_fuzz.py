@@ -187,6 +187,10 @@ GRADIENT_FINDS = (
     ("def f(uint8 s, int16(M, N, N) A, double() B) -> (O) {\n"
      "  O() +=! s == B() ? A(j, 2 * k, j) != 1 : 0.5\n"
      "  O() += B() - A(i, i - 1, i + s)\n}\n"),
+    # cpu-generic, seed 96: an output first written in part, then min= over part of it.
+    ("def f(uint8(N) B, float(N) C, uint8(M, K) A) -> (O) {\n"
+     "  O(k) = (1 && C(k - 1)) + ((k > B(0) ? 2 : 3.f) + 3)\n"
+     "  O(l) min= C(l) + B(j) + A(k, k)\n}\n"),
 )
 
 
