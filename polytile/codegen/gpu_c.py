@@ -141,7 +141,7 @@ class _KernelPrinter(_Printer):
         step = "" if st.step == 1 else f" * {st.step}"
         head = f"const {d.int64} {st.var} = {self.iexpr(st.lo)} + ({d.int64}){ident}{step};"
         body = self.stmts(st.body, fail)
-        if st.kind == "thread" and self.launch.covers(st) and _barrier_in_loop(st.body):
+        if self.launch.covers(st) and _barrier_in_loop(st.body):
             # No guard that is always true around a barrier in a loop (a staged
             # reduction's): PoCL 3.1's kernel compiler aborts on it ("Could not find a
             # dominating alternative variable"). Elsewhere the guard stays: without it

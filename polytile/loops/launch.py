@@ -46,14 +46,13 @@ class Launch:
         return None
 
     def covers(self, loop: L.Loop) -> bool:
-        """Whether every work-group (grid loop) or work-item (thread loop) of the
-        launch's dimension is inside `loop`: it runs 0, 1, ... up to exactly the
-        dimension's size, so no guard is needed."""
+        """Whether thread loop `loop` holds every work-item of its group dimension: it
+        runs 0, 1, ... up to exactly the dimension's size, so no guard is needed."""
         where = self.dimension(loop.var)
-        if where is None or loop.step != 1 or _constant(loop.lo) != 0:
+        if where is None or where[0] != "thread" or loop.step != 1 \
+                or _constant(loop.lo) != 0:
             return False
-        kind, dim = where
-        return _constant(loop.hi) == (self.groups if kind == "grid" else self.threads)[dim]
+        return _constant(loop.hi) == self.threads[where[1]]
 
 
 def _gpu_loops(stmts: tuple[L.Stmt, ...], depth: dict[str, int], found: list[tuple[L.Loop, int]],

@@ -330,4 +330,3 @@ register("gpu", gpu, threads=between(1, MAX_THREADS), dims=between(1, MAX_DIMS),
          tile_k=between(0, MAX_TILE_K), shared_bytes=count, unroll=between(1, MAX_UNROLL),
          reduce=between(0, MAX_THREADS), pad=between(0, MAX_PAD),
          rows=between(0, MAX_THREADS), warp=_warp_size)
-

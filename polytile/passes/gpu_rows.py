@@ -57,11 +57,11 @@ def shared_bytes_of(block: N.Block, kinds: list[str], threads: int, warp: int = 
     each reduction (one element per work-item for a tree, per warp with shuffles)."""
     total = sum(math.prod(r.shape.sizes) * r.shape.dtype.numpy.itemsize
                 for r in block.refs if not r.from_)
+    parts = threads // warp if warp else threads
     for member, kind in zip(block.stmts, kinds):
         if kind == "across":
             assert isinstance(member, N.Block)
             (store,) = [st for st in member.stmts if isinstance(st, N.Store)]
-            parts = threads // warp if warp else threads
             total += parts * member.ref(store.ref).shape.dtype.numpy.itemsize
     return total
 

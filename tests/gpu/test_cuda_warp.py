@@ -15,6 +15,7 @@ import shutil
 
 import numpy as np
 import pytest
+from gpu.loop_edits import uniform_count
 from gpu.test_row_groups import SOURCES, inputs, ir, reference, row_group, run_loops, shapes_of
 
 import polytile as pt
@@ -41,23 +42,6 @@ def reduction(kind: str, dtype: str = "float") -> str:
             f"  Y(n) {REDUCE[kind][0]} X(n,m)\n}}\n")
 
 
-def shuffles(stmts: tuple[L.Stmt, ...], guarded: bool = False) -> int:
-    """The kernel's warp shuffles, asserting that none is under a condition or in a
-    loop a work-item runs on its own (every thread of the group runs each)."""
-    found = 0
-    for st in stmts:
-        if isinstance(st, L.WarpXor):
-            assert not guarded, f"shuffle {st.name} under a condition"
-            found += 1
-        elif isinstance(st, L.If):
-            found += shuffles(st.then + st.else_, True)
-        elif isinstance(st, L.Loop):
-            found += shuffles(st.body, guarded or st.kind == "serial")
-        elif isinstance(st, L.Alloc):
-            found += shuffles(st.body, guarded)
-    return found
-
-
 # ------------------------------------------------------------------ the loop IR
 
 @pytest.mark.parametrize("name", sorted(SOURCES))
@@ -70,7 +54,7 @@ def test_row_groups_with_shuffles_match_the_reference(name: str, d: int, threads
     assert group is not None and group.warp == 32
     assert group.threads == (32 if d == 37 else threads)
     kernel = lower(fn)
-    assert shuffles(kernel.body) > 0
+    assert uniform_count(kernel.body, L.WarpXor) > 0
     args = inputs(name, 3, d)
     np.testing.assert_allclose(run_loops(fn, args), reference(name, args),
                                rtol=2e-5, atol=2e-6)
@@ -79,7 +63,7 @@ def test_row_groups_with_shuffles_match_the_reference(name: str, d: int, threads
 def test_groups_smaller_than_a_warp_use_the_tree_and_the_verifier_checks_warps() -> None:
     fn = ir("softmax", "cuda-sm90", shapes_of("softmax", 2, 37), {"gpu.rows": 16})
     assert row_group(fn).threads == 16 and row_group(fn).warp == 0
-    assert shuffles(lower(fn).body) == 0
+    assert uniform_count(lower(fn).body, L.WarpXor) == 0
     text = format_function(ir("softmax", "cuda-sm90", shapes_of("softmax", 2, 100)))
     assert text.count(", 64, warp = 32, ") == 1
     for warp in (128, 24, 1):

@@ -15,7 +15,7 @@ import pytest
 from conformance.programs import CASES as CORPUS
 from conformance.test_conformance import as_tuple, assert_agrees, relayout
 from gpu.cubin import cubin_arch
-from gpu.loop_edits import without_barriers
+from gpu.loop_edits import uniform_count, without_barriers
 from passes.test_gpu_rows import LAYERNORM, SOFTMAX
 
 import polytile as pt
@@ -121,21 +121,7 @@ def test_every_barrier_is_reached_by_every_work_item() -> None:
     """Barriers sit at the top of the group's thread loop or in the tree's unrolled
     steps, never under a condition on the work-item."""
     kernel = lower(ir("layernorm", "opencl", shapes_of("layernorm", 5, 1000)))
-
-    def check(stmts: tuple[L.Stmt, ...], guarded: bool) -> int:
-        found = 0
-        for st in stmts:
-            if isinstance(st, L.Barrier):
-                assert not guarded, "a barrier under a condition"
-                found += 1
-            elif isinstance(st, L.If):
-                found += check(st.then + st.else_, True)
-            elif isinstance(st, L.Loop):
-                found += check(st.body, guarded or (st.kind == "serial"))
-            elif isinstance(st, L.Alloc):
-                found += check(st.body, guarded)
-        return found
-    assert check(kernel.body, False) > 0
+    assert uniform_count(kernel.body, L.Barrier) > 0
 
 
 # ------------------------------------------------------------------ OpenCL on PoCL
