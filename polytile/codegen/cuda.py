@@ -19,7 +19,7 @@ x, y, z, a group's threadIdx's. NVRTC has no C library headers: the header below
 the C99 names the statements use (fixed-width integers, NAN, INFINITY, INT64_MIN) over
 CUDA's own, and the C helpers (polytile.codegen.cprelude) compile as device functions
 because the backend passes NVRTC `-default-device`. `__syncthreads()` orders shared and
-global memory within a block, which is what both kinds of Barrier ask.
+global memory within a block, which is what every kind of Barrier asks.
 """
 from __future__ import annotations
 
@@ -61,7 +61,8 @@ CUDA = Dialect(
     name="CUDA", language="CUDA C++", header=HEADER, kernel='extern "C" __global__ void',
     address="", restrict="__restrict__", int64="int64_t",
     group_id="blockIdx.{axis}", local_id="threadIdx.{axis}", shared="__shared__",
-    barrier=(("shared", "__syncthreads();"), ("global", "__syncthreads();")),
+    barrier=(("shared", "__syncthreads();"), ("group", "__syncthreads();"),
+             ("global", "__syncthreads();")),
     units=("blocks", "threads"), form="cuda",
     shuffle_xor="__shfl_xor_sync(0xffffffffu, {value}, {mask})")
 

@@ -70,6 +70,7 @@ OPENCL = Dialect(
     address="__global ", restrict="restrict", int64="long",
     group_id="get_group_id({dim})", local_id="get_local_id({dim})", shared="__local",
     barrier=(("shared", "barrier(CLK_LOCAL_MEM_FENCE);"),
+             ("group", "barrier(CLK_LOCAL_MEM_FENCE | CLK_GLOBAL_MEM_FENCE);"),
              ("global", "barrier(CLK_GLOBAL_MEM_FENCE);")),
     units=("work-groups", "work-items"))
 

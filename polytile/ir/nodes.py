@@ -323,14 +323,20 @@ ROW_PHASE_KINDS = ("single", "spread", "across")
 class RowPhase:
     """One member of a row group (`RowGroup`): `single`, work-item 0 runs it (a member
     without a loop, such as a reduction's initialization); `spread`, the iterations of
-    its one loop are dealt out to the work-items, every `threads`-th to each (an
-    elementwise member); `across`, its one loop is a reduction the work-items share, each
-    combining every `threads`-th term, then a tree in local memory, work-item 0 combining
-    the total into the output. `barrier`: the group waits after it (a later member
+    its loop `loop` are dealt out to the work-items, every `threads`-th to each, and each
+    work-item runs the member's other loops in full for each of its iterations (an
+    elementwise member, or a small contraction whose other loops are reductions: the
+    paper's thread composition of a GEMM); `across`, its loop `loop` is a reduction the
+    work-items share, each combining every `threads`-th term, then a tree in local
+    memory (or shuffles), work-item 0 combining the total into the output, once per
+    iteration of the member's other loops, which the output depends on. Members of one
+    group may deal out loops of different ranges: the paper's block composition of ops
+    with different parallel shapes. `barrier`: the group waits after it (a later member
     touches what it writes, or writes what it reads)."""
 
     kind: str
     barrier: bool
+    loop: str = ""          # the member's index dealt out or shared; "" for single
 
 
 @dataclass(frozen=True)

@@ -356,16 +356,22 @@ class _Parser(TokenCursor[_Token]):
         return self.integer("the warp's work-items")
 
     def row_phase(self) -> RowPhase:
-        """`single`, `spread` or `across`, then `barrier` if the group waits after it."""
+        """`single`, or `spread(index)` or `across(index)`, then `barrier` if the group
+        waits after it."""
         tok = self.tok
         kind = self.name("single, spread or across")
         if kind not in ROW_PHASE_KINDS:
             raise IRError(f"a row group's phase is one of {', '.join(ROW_PHASE_KINDS)}, not "
                           f"{kind!r}", tok.loc)
+        loop = ""
+        if kind != "single":
+            self.expect("(")
+            loop = self.name(f"the index a {kind} phase deals out")
+            self.expect(")")
         barrier = self.tok.text == "barrier"
         if barrier:
             self.advance()
-        return RowPhase(kind, barrier)
+        return RowPhase(kind, barrier, loop)
 
     def comment(self) -> str:
         lines = []

@@ -177,7 +177,8 @@ def format_schedule(s: BlockSchedule) -> str:
                   for p in s.stitch.phases)
         items.append(f"stitch({', '.join(phases)})")
     if s.rows is not None:
-        kinds = (p.kind + (" barrier" if p.barrier else "") for p in s.rows.phases)
+        kinds = (p.kind + (f"({p.loop})" if p.loop else "") + (" barrier" if p.barrier else "")
+                 for p in s.rows.phases)
         warp = f", warp = {s.rows.warp}" if s.rows.warp else ""
         items.append(f"rows({s.rows.index}, {s.rows.threads}{warp}, {', '.join(kinds)})")
     return f"schedule({', '.join(items)})"

@@ -2,19 +2,28 @@
 composition, §5, on a GPU): what each member is as a phase of the group, and where the
 group must wait.
 
-    block fused_0 [r:13] #fused schedule(grid(r), rows(r, 64, single barrier, across barrier,
-                                           spread barrier, single barrier, across barrier, spread))
+    block fused_0 [r:13] #fused schedule(grid(r), rows(r, 64, single barrier,
+        across(m) barrier, spread(m) barrier, single barrier, across(m) barrier, spread(m)))
       block s0_init [n = r] ( out mx )                  # single: work-item 0
       block s0 [n = r, m:70] ( out mx:max  in X[n, m] ) # across: a tree over the group
       block s1 [n = r, m:70] ( out e[0, m] ... )        # spread: m = t, t + 64, ...
       ...
 
-A member with no loop (over more than one value) is `single`; one with one loop is
-`spread` when iterations that differ in it write different elements, else `across` when
-it is a reduction along that loop (one store aggregating into an output that does not
-depend on it). Anything else (two loops, nested blocks, data-dependent subscripts: a
-failed check would end a work-item between barriers; the member's own local buffers)
-has no phase kind, and the row block is not a row group.
+A member with no loop (over more than one value) is `single`. A member with loops deals
+one of them out to the work-items: `spread(m)` where iterations that differ in m write
+different elements (each work-item then runs the member's other loops in full for its
+own m: an elementwise member, or a small contraction whose other loops are its
+reductions, the paper's thread composition); `across(m)` where m is a reduction of the
+member's one aggregating store and every other loop is one the output depends on (the
+group combines the terms along m once for each value of the others: at most
+ACROSS_REPEATS, unrolled). Members of one
+group may deal out loops of different ranges: the multi-interests motif's
+`S(k,l) += C(k,d) * X(l,d)` spreads l, its row maxima `mx(k) max= S(k,l)` share l
+across the group for each k, and `O(k,d) += W(k,l) * X(l,d)` spreads d. Anything else
+(nested blocks, data-dependent subscripts: a failed check would end a work-item between
+barriers; the member's own local buffers) is no phase, and the row block is not a row
+group. Which of a member's possible phases it takes is pass `gpu`'s choice
+(`phase_of`); `valid_phase` is what the verifier checks.
 
 A barrier follows a member when a later member, before the next barrier, touches a
 buffer it writes or writes one it reads (`phases.depends`): work-item t writes the
@@ -22,6 +31,7 @@ elements t, t + T, ... of a spread phase and may read any element in a later one
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import replace
 
@@ -30,6 +40,9 @@ from polytile.ir.phases import depends
 from polytile.ir.polyhedra import WRITE_DIRS, writes_disjoint
 
 ACROSS_AGGS = ("add", "mul", "max", "min")
+# At most, reductions one across member runs (one per value of its other loops): the
+# lowering unrolls them, each with its own partial results in local memory.
+ACROSS_REPEATS = 8
 
 
 def member_loops(member: N.Block) -> list[N.Index]:
@@ -46,28 +59,81 @@ def plain_leaf(block: N.Block) -> bool:
         for st in block.stmts)
 
 
-def phase_kind(member: N.Statement) -> str | None:
-    """`single`, `spread` or `across` for a member of a row block, or None where the
-    member cannot be a phase of a work-group (see the module docstring)."""
-    if not isinstance(member, N.Block) or not plain_leaf(member):
+def phase_of(member: N.Statement, group: int) -> tuple[str, str] | None:
+    """The phase (kind, loop) a member takes in a group of `group` work-items, or None
+    where it can be none: `single` without loops; else `spread` along its longest loop
+    that writes disjoint elements (the later of equal ones: consecutive work-items then
+    touch neighbouring elements), unless that keeps fewer than half of the group busy
+    and an `across` loop is longer (a row maximum over 50 columns for each of 4 rows
+    shares the 50 columns, rather than leaving 60 of 64 work-items idle)."""
+    if not _plain_member(member):
         return None
-    if any(not r.from_ for r in member.refs) or member.schedule != N.BlockSchedule():
-        return None
+    assert isinstance(member, N.Block)
     loops = member_loops(member)
     if not loops:
-        return "single"
-    if len(loops) > 1:
-        return None
-    (loop,) = loops
-    first = replace(member, idxs=(loop, *(i for i in member.idxs if i is not loop)))
-    if writes_disjoint(first, loop.name):
-        return "spread"
-    stores = [st for st in member.stmts if isinstance(st, N.Store)]
-    if len(stores) == 1:
-        out = member.ref(stores[0].ref)
-        if out.agg in ACROSS_AGGS and not any(loop.name in a.names for a in out.access):
-            return "across"
+        return ("single", "")
+    spread = _longest([i for i in loops if _disjoint(member, i)])
+    across = _longest([i for i in loops if _shared(member, i)])
+    if spread is not None and (across is None or spread.range >= min(across.range, group / 2)):
+        return ("spread", spread.name)
+    if across is not None:
+        return ("across", across.name)
     return None
+
+
+def valid_phase(member: N.Statement, kind: str, loop: str) -> bool:
+    """Whether `member` may run as phase `kind` dealing out `loop` (see the module
+    docstring)."""
+    if not _plain_member(member):
+        return False
+    assert isinstance(member, N.Block)
+    loops = {i.name: i for i in member_loops(member)}
+    if kind == "single":
+        return not loops and not loop
+    if loop not in loops:
+        return False
+    return _disjoint(member, loops[loop]) if kind == "spread" else \
+        kind == "across" and _shared(member, loops[loop])
+
+
+def _plain_member(member: N.Statement) -> bool:
+    return isinstance(member, N.Block) and plain_leaf(member) and \
+        all(r.from_ for r in member.refs) and member.schedule == N.BlockSchedule()
+
+
+def _longest(loops: list[N.Index]) -> N.Index | None:
+    best = None
+    for i in loops:
+        if best is None or i.range >= best.range:
+            best = i
+    return best
+
+
+def _disjoint(member: N.Block, loop: N.Index) -> bool:
+    """Whether iterations that differ in `loop` write different elements."""
+    first = replace(member, idxs=(loop, *(i for i in member.idxs if i is not loop)))
+    return writes_disjoint(first, loop.name)
+
+
+def _shared(member: N.Block, loop: N.Index) -> bool:
+    """Whether `loop` is a reduction of the member's one aggregating store that the group
+    can share: the output does not depend on it and depends on every other loop, which
+    take at most ACROSS_REPEATS values together."""
+    stores = [st for st in member.stmts if isinstance(st, N.Store)]
+    if len(stores) != 1:
+        return False
+    out = member.ref(stores[0].ref)
+    used = {n for a in out.access for n in a.names}
+    others = [i for i in member_loops(member) if i is not loop]
+    return out.agg in ACROSS_AGGS and loop.name not in used and \
+        all(i.name in used for i in others) and math.prod(i.range for i in others) \
+        <= ACROSS_REPEATS
+
+
+def across_repeats(member: N.Block, loop: str) -> int:
+    """How many reductions along `loop` an across member runs: one per value of its
+    other loops."""
+    return math.prod(i.range for i in member_loops(member) if i.name != loop)
 
 
 def required_barriers(members: Sequence[N.Block]) -> list[bool]:
@@ -85,8 +151,8 @@ def required_barriers(members: Sequence[N.Block]) -> list[bool]:
 
 def global_handoffs(block: N.Block) -> set[str]:
     """The buffers of a row block in global memory (not its local buffers) that one
-    member writes and another touches. A work-group barrier orders only local memory on
-    OpenCL (CLK_LOCAL_MEM_FENCE), so such a block is not made a row group."""
+    member writes and another touches. The group's barriers then order global memory
+    too (OpenCL's CLK_GLOBAL_MEM_FENCE; CUDA's __syncthreads orders both)."""
     local = {r.into for r in block.refs if not r.from_}
     members = [m for m in block.stmts if isinstance(m, N.Block)]
     found: set[str] = set()

@@ -183,8 +183,8 @@ def _check_stitch(block: Block, stitch: Stitched, path: str) -> None:
 
 def _check_rows(block: Block, group: RowGroup, path: str) -> None:
     """A row group: one loop, its rows on the grid, a power-of-two group, a phase per
-    member of the kind `polytile.ir.rows` gives it, a barrier wherever a later member
-    depends on it, and no buffer in global memory passed between members."""
+    member that `polytile.ir.rows` says it can run as, and a barrier wherever a later
+    member depends on it."""
     loops = [i.name for i in block.idxs if i.affine is None]
     threads = group.threads
     if loops != [group.index] or block.schedule.gpu != ((group.index, "grid"),) \
@@ -197,16 +197,14 @@ def _check_rows(block: Block, group: RowGroup, path: str) -> None:
         raise _fail(path, f"a row group has a block per phase, not {len(block.stmts)} "
                           f"statements for {len(group.phases)} phases")
     for member, phase in zip(members, group.phases):
-        if rows_.phase_kind(member) != phase.kind:
-            raise _fail(path, f"member {member.name}'s phase kind is "
-                              f"{rows_.phase_kind(member) or 'none'}, not {phase.kind}")
+        if not rows_.valid_phase(member, phase.kind, phase.loop):
+            loop = f"({phase.loop})" if phase.loop else ""
+            raise _fail(path, f"member {member.name} cannot run as phase {phase.kind}{loop} "
+                              "of a work-group (polytile.ir.rows)")
     for member, needed, phase in zip(members, rows_.required_barriers(members), group.phases):
         if needed and not phase.barrier:
             raise _fail(path, f"member {member.name} has no barrier after it, but a later "
                               "member touches what it writes (or writes what it reads)")
-    if rows_.global_handoffs(block):
-        raise _fail(path, f"members of a row group pass {sorted(rows_.global_handoffs(block))} "
-                          "through global memory, which a group barrier does not order")
 
 
 def _check_across(block: Block, across: Across, path: str) -> None:

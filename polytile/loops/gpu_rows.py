@@ -5,25 +5,30 @@ polytile.passes.gpu_rows): a fused row block whose row runs on one work-group.
       __local the row's intermediates, a partial-results array per reduction
       thread t in 0..T:                             (every work-item of the group)
         [fill the intermediates that must start as NaN or 0; barrier]
-        single:  if t == 0: member
-        spread:  for m = t; m < M; m += T: member at m
-        across:  acc = identity; for m = t; m < M; m += T: acc (+)= term(m)
-                 part[t] = acc; barrier; tree (T/2, ..., 1), barrier after each step;
-                 if t == 0: out (+)= part[0]
-                 (with warps, `RowGroup.warp`: shuffles instead of the tree, as
-                 polytile.loops.gpu_tile.lower_across does)
+        single:     if t == 0: member
+        spread(m):  for m = t; m < M; m += T: for the member's other loops: member
+        across(m):  for each value k of the member's other loops (unrolled):
+                      acc = identity; for m = t; m < M; m += T: acc (+)= term(k, m)
+                      part_k[t] = acc; barrier; tree (T/2, ..., 1), barrier after each
+                      step; if t == 0: out(k) (+)= part_k[0]
+                    (with warps, `RowGroup.warp`: shuffles instead of the tree, as
+                    polytile.loops.gpu_tile.lower_across does)
         barrier                                     (where the phase says so)
 
-Every barrier is at the top level of the thread loop or in the tree's unrolled steps,
-so every work-item of a group reaches every barrier; only the work done between them
-depends on the work-item.
+Every barrier is at the top level of the thread loop or in the trees' unrolled steps, so
+every work-item of a group reaches every barrier; only the work done between them
+depends on the work-item. Where members pass a buffer in global memory between them
+(`polytile.ir.rows.global_handoffs`), the barriers between members order global
+memory too (`Barrier("group")`).
 """
 from __future__ import annotations
 
+import itertools
 from typing import TYPE_CHECKING
 
 from polytile.errors import IRError
 from polytile.ir.nodes import Affine, Block
+from polytile.ir.rows import global_handoffs, member_loops
 from polytile.loops import nodes as L
 from polytile.loops.gpu_tile import across_steps
 from polytile.loops.space import iteration_space
@@ -72,18 +77,18 @@ def lower_block(low: Lowering, blk: Block, outer: Scope) -> list[L.Stmt]:
     if len(members) != len(blk.stmts) or len(members) != len(spec.phases):
         raise IRError(f"row group {blk.name!r} has {len(blk.stmts)} statements for "
                       f"{len(spec.phases)} phases")
+    fence = "group" if global_handoffs(blk) else "shared"
     for member, phase in zip(members, spec.phases):
-        work.append(L.Comment(f"block {safe(member.name)}: {phase.kind}"))
+        work.append(L.Comment(f"block {safe(member.name)}: {phase.kind}"
+                              + (f" over {safe(phase.loop)}" if phase.loop else "")))
         if phase.kind == "across":
-            (loop,) = [i for i in member.idxs if i.affine is None and i.range > 1]
-            steps, part = across_steps(low, member, scope, loop.name, me, spec.threads,
-                                       spec.warp)
+            steps, part = _across(low, member, scope, phase.loop, me, spec.threads, spec.warp)
             work += steps
             parts += part
         else:
-            work += _member(low, member, scope, phase.kind, me, spec.threads)
+            work += _member(low, member, scope, phase.kind, phase.loop, me, spec.threads)
         if phase.barrier:
-            work.append(L.Barrier("shared"))
+            work.append(L.Barrier(fence))
     var = space.loops[0]
     lo, hi = space.bounds.range_of(var)
     group = L.Loop(t, Affine.constant(0), Affine.constant(spec.threads), tuple(work), "thread")
@@ -94,15 +99,30 @@ def lower_block(low: Lowering, blk: Block, outer: Scope) -> list[L.Stmt]:
     return [title, *stmts]
 
 
-def _member(low: Lowering, member: Block, outer: Scope, kind: str, me: Affine,
+def _across(low: Lowering, member: Block, outer: Scope, loop: str, me: Affine, threads: int,
+            warp: int) -> tuple[list[L.Stmt], list[L.Buffer]]:
+    """An `across` member: the group's reduction along `loop` once for each value of the
+    member's other loops (each of which the output depends on), unrolled, each with
+    partial results of its own, so that its barriers stay at the top of the thread loop
+    (PoCL 3.1 miscompiled them in a loop: sums of 0, a corrupted heap)."""
+    others = [i for i in member_loops(member) if i.name != loop]
+    steps: list[L.Stmt] = []
+    parts: list[L.Buffer] = []
+    for values in itertools.product(*(range(i.range) for i in others)):
+        fixed = {i.name: Affine.constant(v) for i, v in zip(others, values)}
+        work, part = across_steps(low, member, outer, loop, me, threads, warp, fixed)
+        steps += work
+        parts += part
+    return steps, parts
+
+
+def _member(low: Lowering, member: Block, outer: Scope, kind: str, loop: str, me: Affine,
             threads: int) -> list[L.Stmt]:
-    """A `single` member on work-item 0, or a `spread` one over its loop, every
-    `threads`-th iteration from work-item `me`'s."""
+    """A `single` member on work-item 0, or a `spread` one over `loop`, every
+    `threads`-th iteration from work-item `me`'s, with the member's other loops inside."""
     at = fixed_indices(member, outer.idx)
-    loops = [i for i in member.idxs if i.affine is None and i.range > 1]
-    var = low.fresh("i") if loops else ""
-    if loops:
-        at[loops[0].name] = Affine.index(var)
+    loops = {i.name: low.fresh("i") for i in member_loops(member)}
+    at.update({name: Affine.index(var) for name, var in loops.items()})
     views = {ref.into: child_view(ref, outer.views[ref.from_], at) for ref in member.refs}
     scope = Scope(at, views, dict(outer.scalars), True)
     body: list[L.Stmt] = []
@@ -113,4 +133,9 @@ def _member(low: Lowering, member: Block, outer: Scope, kind: str, me: Affine,
         body = [L.If(tuple(conds), tuple(body))]
     if kind == "single":
         return [L.If((me.scale(-1),), tuple(body))]
-    return [L.Loop(var, me, Affine.constant(loops[0].range), tuple(body), step=threads)]
+    for i in reversed(member_loops(member)):
+        if i.name != loop:
+            body = [L.Loop(loops[i.name], Affine.constant(0), Affine.constant(i.range),
+                           tuple(body))]
+    return [L.Loop(loops[loop], me, Affine.constant(member.index(loop).range), tuple(body),
+                   step=threads)]

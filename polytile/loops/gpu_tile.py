@@ -30,6 +30,7 @@ barriers.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -226,15 +227,17 @@ def lower_across(low: Lowering, blk: Block, outer: Scope) -> list[L.Stmt]:
 
 
 def across_steps(low: Lowering, blk: Block, outer: Scope, index: str, me: Affine,
-                 group: int, warp: int = 0) -> tuple[list[L.Stmt], list[L.Buffer]]:
+                 group: int, warp: int = 0, fixed: Mapping[str, Affine] | None = None
+                 ) -> tuple[list[L.Stmt], list[L.Buffer]]:
     """What work-item `me` of `group` runs for a reduction along `index` shared by the
     group (see lower_across), and the shared buffer of the partial results it uses, if
-    any."""
+    any. `fixed`: the values of the block's other loops (a row group's across member
+    runs one reduction for each)."""
     (store,) = [st for st in blk.stmts if isinstance(st, Store)]
     out_ref = blk.ref(store.ref)
     agg = out_ref.agg
     reduction = blk.index(index)
-    idx = fixed_indices(blk, outer.idx)
+    idx = {**fixed_indices(blk, outer.idx), **(fixed or {})}
     r = low.fresh("i")
     at = {**idx, index: Affine.index(r)}
     views = {ref.into: child_view(ref, outer.views[ref.from_], at)

@@ -188,7 +188,7 @@ class _Machine:
             key = id(st)
             if key not in self.barriers:
                 if isinstance(st, L.Barrier):
-                    self.barriers[key] = st.space == "shared"
+                    self.barriers[key] = st.space in L.GROUP_BARRIERS
                 elif isinstance(st, L.WarpXor):
                     self.barriers[key] = True
                 elif isinstance(st, (L.Loop, L.Alloc)):
@@ -243,7 +243,7 @@ class _Machine:
     def steps(self, stmts: tuple[L.Stmt, ...]) -> Iterator[bool]:
         """Run `stmts` as one thread, yielding at each shared barrier."""
         for st in stmts:
-            if isinstance(st, L.Barrier) and st.space == "shared":
+            if isinstance(st, L.Barrier) and st.space in L.GROUP_BARRIERS:
                 yield True
             elif isinstance(st, L.WarpXor):
                 yield from self.warp_xor(st)

@@ -53,8 +53,10 @@ Semantics (the interpreter, polytile.loops.interp, is the reference):
   (Tensor Cores: its description has fragment layouts) is run by every thread of a warp
   together, on `Fragment` values, and `FragmentStore` stores its result.
 * `Barrier("shared")`: in a thread loop, every thread of the group arrives before any
-  goes on, and then sees what the others wrote (GPU backends; the interpreter runs the
-  group's threads in lock-step between barriers; the C printer refuses it).
+  goes on, and then sees what the others wrote in local memory (GPU backends; the
+  interpreter runs the group's threads in lock-step between barriers; the C printer
+  refuses it). `Barrier("group")`: the same, and the group's writes to global memory
+  are seen too (a row group whose members pass an output between them).
 * `WarpXor(name, type, value, mask, place)`: a warp shuffle. Every thread of the group
   runs it together (as it reaches a barrier); `name` is then the value `value` has in
   the thread whose place in the group is this one's `place` xor `mask` (`mask` below
@@ -356,7 +358,10 @@ class Prefetch:
 
 @dataclass(frozen=True)
 class Barrier:
-    space: str = "shared"
+    space: str = "shared"       # or "group", "global": see the module docstring
+
+
+GROUP_BARRIERS = ("shared", "group")     # the spaces of barriers among a group's threads
 
 
 @dataclass(frozen=True)

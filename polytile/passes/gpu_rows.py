@@ -8,8 +8,14 @@ a tree in local memory (`across`), the reductions' initializations on one work-i
 
     block fused_0 [r:13] #fused (               block fused_0 [r:13] #fused
       none e[0, 0] float32(1:70, 70:1) @local     schedule(grid(r), rows(r, 64, single barrier,
-      ...                                ->                across barrier, spread barrier, ...)) (
+      ...                                ->         across(m) barrier, spread(m) barrier, ...)) (
     )                                             none e[0, 0] float32(1:70, 70:1) @shared
+
+A member may have several loops; it deals out one of them (polytile.ir.rows.phase_of),
+so the members of one group run with different parallel shapes, the paper's block
+composition proper: the multi-interests motif per batch row spreads its small batched
+GEMM over the 50 columns of S, shares the row maxima's 50 columns across the group for
+each of the 4 interests, and spreads the second GEMM over the 64 columns of O.
 
 Local memory, not registers: a work-item does keep the elements it writes in a spread
 member (t, t + T, ...), but a later member may read any element of an intermediate (a
@@ -19,10 +25,11 @@ kept in registers only when the compiler unrolls the loop completely, which rows
 thousand elements defeat. Local memory costs a barrier per hand-off, which the
 reductions' trees pay anyway.
 
-Not a row group (and mapped a row per work-item by `gpu.map_block`, as before) when a
-member has no phase kind, a buffer in global memory passes between members (a group
-barrier orders only local memory on OpenCL), or the intermediates and the trees' partial
-results exceed `shared_bytes`.
+A buffer in global memory that passes between members (an output a later member reads)
+makes the group's barriers order global memory too (`global_handoffs`; the lowering's
+`Barrier("group")`). Not a row group (and mapped a row per work-item by
+`gpu.map_block`, as before) when a member can be no phase, or the intermediates and the
+trees' partial results exceed `shared_bytes`.
 """
 from __future__ import annotations
 
@@ -30,7 +37,8 @@ import math
 from dataclasses import replace
 
 from polytile.ir import nodes as N
-from polytile.ir.rows import global_handoffs, member_loops, phase_kind, required_barriers
+from polytile.ir.polyhedra import writes_disjoint
+from polytile.ir.rows import across_repeats, member_loops, phase_of, required_barriers
 
 SHARED = "shared"       # the refinement location of the group's local memory
 
@@ -52,17 +60,20 @@ def group_size(members: list[N.Block], threads: int) -> int:
     return size
 
 
-def shared_bytes_of(block: N.Block, kinds: list[str], threads: int, warp: int = 0) -> int:
+def shared_bytes_of(block: N.Block, phases: list[tuple[str, str]], threads: int,
+                    warp: int = 0) -> int:
     """Local memory the row group takes: its intermediates, and the partial results of
-    each reduction (one element per work-item for a tree, per warp with shuffles)."""
+    each reduction (one element per work-item for a tree, per warp with shuffles) that
+    its across members (kind, loop) run."""
     total = sum(math.prod(r.shape.sizes) * r.shape.dtype.numpy.itemsize
                 for r in block.refs if not r.from_)
     parts = threads // warp if warp else threads
-    for member, kind in zip(block.stmts, kinds):
+    for member, (kind, loop) in zip(block.stmts, phases):
         if kind == "across":
             assert isinstance(member, N.Block)
             (store,) = [st for st in member.stmts if isinstance(st, N.Store)]
-            total += parts * member.ref(store.ref).shape.dtype.numpy.itemsize
+            total += parts * across_repeats(member, loop) * \
+                member.ref(store.ref).shape.dtype.numpy.itemsize
     return total
 
 
@@ -74,16 +85,17 @@ def row_group(block: N.Block, threads: int, shared_bytes: int, warp: int = 0
             or block.schedule != N.BlockSchedule() or threads < 2:
         return None
     members = [st for st in block.stmts if isinstance(st, N.Block)]
-    kinds = [phase_kind(st) for st in block.stmts]
-    if not members or len(members) != len(block.stmts) or None in kinds \
-            or global_handoffs(block):
+    if not members or len(members) != len(block.stmts) \
+            or not writes_disjoint(block, loops[0].name):   # rows summed into one output
         return None
     size = group_size(members, threads)
     warp = warp_of(size, warp)
-    decided = [k for k in kinds if k is not None]
-    if size < 2 or shared_bytes_of(block, decided, size, warp) > shared_bytes:
+    decided = [p for p in (phase_of(st, size) for st in members) if p is not None]
+    if size < 2 or len(decided) != len(members) or \
+            shared_bytes_of(block, decided, size, warp) > shared_bytes:
         return None
-    phases = tuple(N.RowPhase(k, b) for k, b in zip(decided, required_barriers(members)))
+    phases = tuple(N.RowPhase(k, b, loop) for (k, loop), b
+                   in zip(decided, required_barriers(members)))
     refs = tuple(r if r.from_ else replace(r, location=SHARED) for r in block.refs)
     row = loops[0].name
     return replace(block, refs=refs, schedule=N.BlockSchedule(

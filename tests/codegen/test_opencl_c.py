@@ -133,3 +133,13 @@ def test_float64_on_a_device_without_fp64_is_refused_clearly(
     monkeypatch.setattr(runtime, "opencl_device", lambda: device)
     with pytest.raises(UnsupportedError, match="lacks cl_khr_fp64"):
         runtime.build_program("__kernel void k(__global double *x) { x[0] = 1.0; }", ())
+
+
+def test_pocl_builds_programs_with_barriers_unoptimized() -> None:
+    """PoCL 3.1's optimizer miscompiled a row group (polytile.runtime.opencl)."""
+    device = runtime.Device(None, None, None, None, True, False, 256, pocl=True)
+    assert device.options("barrier(CLK_LOCAL_MEM_FENCE);", ("-cl-std=CL1.2",)) == [
+        "-cl-std=CL1.2", "-cl-opt-disable"]
+    assert device.options("x[0] = 1;", ("-cl-std=CL1.2",)) == ["-cl-std=CL1.2"]
+    other = runtime.Device(None, None, None, None, True, False, 256)
+    assert other.options("barrier(CLK_LOCAL_MEM_FENCE);", ()) == []
