@@ -64,8 +64,17 @@ def same_rows(earlier: N.Block, later: N.Block) -> bool:
     thread that runs iteration r of both needs nothing from another thread."""
     if not (shareable(earlier) and shareable(later)):
         return False
+    assert earlier.schedule.parallel is not None and later.schedule.parallel is not None
+    return same_iterations(earlier, earlier.schedule.parallel, later, later.schedule.parallel)
+
+
+def same_iterations(earlier: N.Block, first: str, later: N.Block, second: str) -> bool:
+    """Whether loops `first` of `earlier` and `second` of `later` have the same range
+    and iterations r of one and r' != r of the other never touch one element, one of
+    them writing (a thread or work-item given the same iterations of both then needs
+    nothing another one made)."""
     a, b = Scope.detached(earlier), Scope.detached(later)
-    ia, ib = earlier.index(earlier.schedule.parallel), later.index(later.schedule.parallel)
+    ia, ib = earlier.index(first), later.index(second)
     if ia.range != ib.range:
         return False
     mine = a.own[earlier.idxs.index(ia)]

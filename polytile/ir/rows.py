@@ -28,6 +28,9 @@ group. Which of a member's possible phases it takes is pass `gpu`'s choice
 A barrier follows a member when a later member, before the next barrier, touches a
 buffer it writes or writes one it reads (`phases.depends`): work-item t writes the
 elements t, t + T, ... of a spread phase and may read any element in a later one.
+Except where both spread loops of one range and an element iteration l of one touches
+is touched by no other iteration of the other (one of them writing): work-item t runs
+the same iterations l of both (softmax's exp then its division need none).
 """
 from __future__ import annotations
 
@@ -36,7 +39,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from polytile.ir import nodes as N
-from polytile.ir.phases import depends
+from polytile.ir.phases import depends, same_iterations
 from polytile.ir.polyhedra import WRITE_DIRS, writes_disjoint
 
 ACROSS_AGGS = ("add", "mul", "max", "min")
@@ -136,17 +139,27 @@ def across_repeats(member: N.Block, loop: str) -> int:
     return math.prod(i.range for i in member_loops(member) if i.name != loop)
 
 
-def required_barriers(members: Sequence[N.Block]) -> list[bool]:
+def required_barriers(members: Sequence[N.Block], phases: Sequence[tuple[str, str]]
+                      ) -> list[bool]:
     """Per member, whether the group waits after it: the member before any member that
-    depends on one since the last barrier."""
+    depends on one since the last barrier, unless both spread loops of one range whose
+    iterations r and r' != r touch no element in common, one writing (work-item t runs
+    the same iterations of both, so it reads only what it wrote)."""
     needed = [False] * len(members)
-    since: list[N.Block] = []
-    for k, member in enumerate(members):
-        if any(depends(p, member) for p in since):
+    since: list[tuple[N.Block, tuple[str, str]]] = []
+    for k, (member, phase) in enumerate(zip(members, phases)):
+        if any(depends(p, member) and not _same_work_item(p, q, member, phase)
+               for p, q in since):
             needed[k - 1] = True
             since = []
-        since.append(member)
+        since.append((member, phase))
     return needed
+
+
+def _same_work_item(earlier: N.Block, first: tuple[str, str], later: N.Block,
+                    second: tuple[str, str]) -> bool:
+    return first[0] == second[0] == "spread" and \
+        same_iterations(earlier, first[1], later, second[1])
 
 
 def global_handoffs(block: N.Block) -> set[str]:

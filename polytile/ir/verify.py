@@ -201,7 +201,8 @@ def _check_rows(block: Block, group: RowGroup, path: str) -> None:
             loop = f"({phase.loop})" if phase.loop else ""
             raise _fail(path, f"member {member.name} cannot run as phase {phase.kind}{loop} "
                               "of a work-group (polytile.ir.rows)")
-    for member, needed, phase in zip(members, rows_.required_barriers(members), group.phases):
+    needed_after = rows_.required_barriers(members, [(p.kind, p.loop) for p in group.phases])
+    for member, needed, phase in zip(members, needed_after, group.phases):
         if needed and not phase.barrier:
             raise _fail(path, f"member {member.name} has no barrier after it, but a later "
                               "member touches what it writes (or writes what it reads)")

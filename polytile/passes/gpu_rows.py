@@ -95,7 +95,7 @@ def row_group(block: N.Block, threads: int, shared_bytes: int, warp: int = 0
             shared_bytes_of(block, decided, size, warp) > shared_bytes:
         return None
     phases = tuple(N.RowPhase(k, b, loop) for (k, loop), b
-                   in zip(decided, required_barriers(members)))
+                   in zip(decided, required_barriers(members, decided)))
     refs = tuple(r if r.from_ else replace(r, location=SHARED) for r in block.refs)
     row = loops[0].name
     return replace(block, refs=refs, schedule=N.BlockSchedule(

@@ -129,6 +129,9 @@ def test_members_deal_out_loops_of_different_ranges() -> None:
             for m, p in zip(members, group.phases)] == [
         ("spread", 37), ("spread", 37), ("spread", 3), ("across", 37), ("spread", 19),
         ("spread", 19)]
+    # work-item t zeroes the sums S(k, t) it then adds into: no barrier between; the
+    # maxima read every l of S: one before them
+    assert [p.barrier for p in group.phases] == [False, False, True, False, True, False]
 
 
 def test_the_verifier_refuses_a_phase_that_deals_out_the_wrong_loop() -> None:
