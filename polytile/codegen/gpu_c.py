@@ -103,7 +103,11 @@ class _KernelPrinter(_Printer):
                 continue
             if b.placement != "stack":
                 raise UnsupportedError(f"local buffer {b.name} ({b.placement}, {b.space}) has "
-                                       f"no {self.dialect.name} form yet")
+                                       f"no {self.dialect.name} form yet",
+                                       hint="a buffer too large for a work-item (such as "
+                                            "a fused row's intermediates that the group's "
+                                            "shared memory does not hold): set "
+                                            "fuse.strategy to none")
             init = " = {0}" if b.init == "zero" else ""
             lines.append(f"{b.dtype.c_name} {b.name}[{b.size}]{init};  /* {_comment(b.label)} */")
             if b.init == "nan":

@@ -68,6 +68,9 @@ MAX_DIMS = 3             # OpenCL and CUDA index spaces have three dimensions
 MAX_THREADS = 1024       # CUDA's limit, below OpenCL devices' usual one
 DEFAULT_TILE_K = 16      # reduction iterations per staged tile (0: no staging)
 DEFAULT_SHARED_BYTES = 16384   # local memory a work-group's staged tiles may take
+# CUDA's limit for a block's static __shared__ arrays (more needs dynamic shared memory
+# and an opt-in per kernel, which the CUDA backend does not do).
+CUDA_STATIC_SHARED_BYTES = 49152
 DEFAULT_UNROLL = 2       # points per work-item along each mapped index of a staged block
 MAX_UNROLL = 8
 DEFAULT_REDUCE = 64      # work-items sharing a reduction across a group (0: never)
@@ -302,6 +305,12 @@ def gpu(fn: N.Function, target: Target, params: dict[str, Any]) -> N.Function:
                             f"got {threads} and {dims}")
     tile_k = params.get("tile_k", DEFAULT_TILE_K)
     shared_bytes = params.get("shared_bytes", DEFAULT_SHARED_BYTES)
+    if target.backend == "cuda" and shared_bytes > CUDA_STATIC_SHARED_BYTES:
+        raise ArgumentError(f"gpu.shared_bytes is {shared_bytes}, above the "
+                            f"{CUDA_STATIC_SHARED_BYTES} bytes of static shared memory a "
+                            f"CUDA block may declare ({target.name})",
+                            hint="dynamic shared memory (an H100's 227 KiB) is not built: "
+                                 f"use at most {CUDA_STATIC_SHARED_BYTES}")
     unroll = params.get("unroll", DEFAULT_UNROLL)
     reduce_threads = params.get("reduce", DEFAULT_REDUCE)
     pad = params.get("pad", DEFAULT_PAD)

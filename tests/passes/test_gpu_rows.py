@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import pytest
 
-from polytile.errors import IRError
+from polytile.errors import ArgumentError, IRError
 from polytile.ir import nodes as N
 from polytile.ir.verify import verify
 from polytile.passes.fuse import fuse
@@ -167,3 +167,10 @@ def test_rows_summed_into_one_output_are_not_a_row_group() -> None:
     assert block(after, "fused_1").schedule.rows is None
     verify(after)
     assert_same_meaning(before, after)
+
+
+def test_a_cuda_target_refuses_more_shared_memory_than_a_block_may_declare() -> None:
+    with pytest.raises(ArgumentError, match="static shared memory"):
+        gpu(fused(SOFTMAX, X=(13, 70)), target("cuda-sm90"), {"shared_bytes": 49153})
+    assert block(gpu(fused(SOFTMAX, X=(13, 70)), target("cuda-sm90"), {"shared_bytes": 49152}),
+                 "fused_0").schedule.rows is not None
