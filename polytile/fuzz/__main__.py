@@ -3,25 +3,30 @@
     python -m polytile.fuzz --cases 100000 --compile-cases 300 --seed 7
     python -m polytile.fuzz --compile-cases 300 --seed 22 --target opencl
     python -m polytile.fuzz --cases 0 --gradient-cases 200 --seed 3
+    python -m polytile.fuzz --compile-cases 300 --target opencl --option fuse.strategy=rows
     python -m polytile.fuzz --replay failures/compile-mismatch-3.tc
 
 Compiled kernels go to a temporary cache directory (removed at the end), never to the
 user's cache. `--target` compiles for another target than the host's best (the OpenCL
 backend on PoCL, cpu-generic's SSE code); a failure's first line names it, and
-`--replay` compiles for it again. The exit status is 1 when a case failed, 2 when
+`--replay` compiles for it again. `--option PASS.PARAM=VALUE` (repeatable; the value
+in JSON, or a bare word as a string) sets a pass option of the compiled side, checked
+against the target first, and is replayed too. The exit status is 1 when a case failed, 2 when
 hypothesis is missing or the target cannot run here.
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import re
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from polytile.config import load_config
-from polytile.errors import PolytileError, UnsupportedError
+from polytile.errors import ArgumentError, PolytileError, UnsupportedError
 from polytile.fuzz import require_hypothesis
 from polytile.runtime.dispatch import wait_for_builds
 
@@ -45,8 +50,29 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--replay", type=Path, help="run the case of a failure file again")
     parser.add_argument("--target", help="the compiled side's target (default: POLYTILE_TARGET "
                                          "or the host's best), e.g. opencl or cpu-generic")
+    parser.add_argument("--option", action="append", default=[], metavar="PASS.PARAM=VALUE",
+                        help="a pass option of the compiled side, e.g. fuse.strategy=rows")
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
     return parser.parse_args(argv)
+
+
+def _options(texts: list[str], target: str | None) -> dict[str, Any]:
+    """`--option` values as pass options, checked against the target (ArgumentError)."""
+    from polytile.passes.pipeline import check_pass_options
+    from polytile.targets.target import inspection_target
+    options: dict[str, Any] = {}
+    for text in texts:
+        key, equals, value = text.partition("=")
+        if not equals or "." not in key:
+            raise ArgumentError(f"--option {text!r} is not PASS.PARAM=VALUE",
+                                hint="e.g. --option fuse.strategy=rows")
+        try:
+            options[key] = json.loads(value)
+        except json.JSONDecodeError:
+            options[key] = value
+    # the target's passes, without probing a device (which _unusable does in a child)
+    check_pass_options(options, inspection_target(target))
+    return options
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -67,13 +93,19 @@ def main(argv: list[str] | None = None) -> int:
                     print(problem, file=sys.stderr)
                     return 2
                 config = dataclasses.replace(config, target=args.target)
+            try:
+                options = _options(args.option, config.target)
+            except PolytileError as err:
+                print(err, file=sys.stderr)
+                return 2
             if args.replay:
                 return _replay(args.replay, config)
             programs = corpus(args.corpus if args.corpus is not None else default_corpus_paths())
             progress = None if args.quiet else (lambda line: print(line, file=sys.stderr,
                                                                    flush=True))
             campaign = Campaign(args.cases, args.compile_cases, args.seed, tuple(programs), config,
-                                progress=progress, gradient_cases=args.gradient_cases)
+                                progress=progress, gradient_cases=args.gradient_cases,
+                                options=tuple(options.items()))
             print(f"corpus: {len(programs)} programs; seed {args.seed}", file=sys.stderr)
             report = run(campaign)
         finally:
@@ -115,12 +147,14 @@ def _replay(path: Path, config) -> int:  # type: ignore[no-untyped-def]
     target = re.search(r"^# polytile\.fuzz \S+ \S+ seed=\d+ target=(\S+)", text, re.MULTILINE)
     if target is not None:
         config = dataclasses.replace(config, target=target.group(1))
+    options = re.search(r"^# options: (.*)$", text, re.MULTILINE)
+    chosen = json.loads(options.group(1)) if options else None
     outcome = check_front_end(text)
     print(f"front end: {outcome.kind} {outcome.detail}")
     if seed is not None and outcome.kind == "accepted":
         stage, number = seed.group(1), int(seed.group(2))
         check = check_gradient if stage == "gradient" else check_compiled
-        outcome = check(text, number, config)
+        outcome = check(text, number, config, chosen)
         print(f"{stage} (seed {number}): {outcome.kind} {outcome.detail}")
     return 0 if outcome.kind in ("accepted", "rejected", "compared", "raised", "overflowed") else 1
 

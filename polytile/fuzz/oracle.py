@@ -19,6 +19,7 @@ the two; some arrays are passed as strided or Fortran-ordered views.
 from __future__ import annotations
 
 import traceback
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -72,12 +73,16 @@ def check_front_end(source: str) -> Outcome:
     return Outcome("accepted")
 
 
-def check_compiled(source: str, seed: int, config: Config | None = None) -> Outcome:
+def check_compiled(source: str, seed: int, config: Config | None = None,
+                   options: Mapping[str, Any] | None = None) -> Outcome:
+    """`options`: pass options for the compiled side (`fuse.strategy: rows`, ...)."""
     try:
         compiled = polytile.define(source, config=config)
         reference = polytile.define(source, backend="interp", config=config)
     except PolytileError as err:
         return Outcome("rejected", type(err).__name__)
+    if options and compiled.compiler is not None:
+        compiled.compiler.options = dict(options)
     rng = np.random.default_rng(seed)
     outcomes = []
     for fn in reference.program.functions[:MAX_FUNCTIONS]:
@@ -93,7 +98,8 @@ def check_compiled(source: str, seed: int, config: Config | None = None) -> Outc
     return outcomes[0]
 
 
-def check_gradient(source: str, seed: int, config: Config | None = None) -> Outcome:
+def check_gradient(source: str, seed: int, config: Config | None = None,
+                   options: Mapping[str, Any] | None = None) -> Outcome:
     """The gradient of an accepted program's first function (`polytile.autodiff.backward`)
     is a TC program of its own: "rejected" where the function has none (no float input
     or output, an op without a derivative); a derived program the front end refuses is
@@ -108,7 +114,7 @@ def check_gradient(source: str, seed: int, config: Config | None = None) -> Outc
     except PolytileError as err:
         return Outcome("mismatch", f"the front end rejects the derived gradient: {err}\n"
                                    f"{derived.source}")
-    outcome = check_compiled(derived.source, seed, config)
+    outcome = check_compiled(derived.source, seed, config, options)
     if outcome.kind in ("mismatch", "error"):
         return Outcome(outcome.kind, f"{outcome.detail}\nthe derived gradient:\n"
                                      f"{derived.source}")

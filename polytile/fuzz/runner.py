@@ -8,6 +8,7 @@ program and seed, and the campaign goes on.
 """
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import select
@@ -42,13 +43,16 @@ class Failure:
     seed: int | None            # the compile case's sizes and inputs
     detail: str
     target: str | None = None   # the compiled side's target (None: the host's best)
+    options: tuple[tuple[str, Any], ...] = ()    # the compiled side's pass options
 
     def reproducer(self) -> str:
-        """The program as a TC file whose first line says how to replay it."""
+        """The program as a TC file whose first lines say how to replay it."""
         seed = f" seed={self.seed}" if self.seed is not None else ""
         seed += f" target={self.target}" if self.target and self.seed is not None else ""
         lines = [f"# polytile.fuzz {self.stage.replace(' ', '-')} {self.kind}{seed}",
                  "# replay: python -m polytile.fuzz --replay THIS_FILE"]
+        if self.options and self.seed is not None:
+            lines.append(f"# options: {json.dumps(dict(self.options))}")
         lines += ["# " + line for line in self.detail.strip().splitlines()[-40:]]
         return "\n".join(lines) + "\n" + self.source
 
@@ -105,6 +109,7 @@ class Campaign:
     compile_seconds: float = 300.0       # per case
     progress: Callable[[str], None] | None = None
     gradient_cases: int = 0              # programs whose derived gradient is compared
+    options: tuple[tuple[str, Any], ...] = ()    # pass options of the compiled side
 
 
 def run(campaign: Campaign) -> Report:
@@ -161,7 +166,7 @@ def _compile(campaign: Campaign, report: Report) -> None:
         source, seed = example
         if check_front_end(source).kind != "accepted":
             assume(False)      # only accepted programs count as compile cases
-        outcome = isolated(lambda: check_compiled(source, seed, campaign.config),
+        outcome = isolated(lambda: check_compiled(source, seed, campaign.config, dict(campaign.options)),
                            campaign.compile_seconds)
         _record(report, report.compiled, "compile", source, seed, outcome, campaign)
     strategy = st.tuples(programs(), st.integers(0, 2**32 - 1))
@@ -175,7 +180,7 @@ def _gradients(campaign: Campaign, report: Report) -> None:
         source, seed = example
         if check_front_end(source).kind != "accepted":
             assume(False)
-        outcome = isolated(lambda: check_gradient(source, seed, campaign.config),
+        outcome = isolated(lambda: check_gradient(source, seed, campaign.config, dict(campaign.options)),
                            campaign.compile_seconds)
         if outcome.kind == "rejected":      # no gradient: not a case
             assume(False)
@@ -189,7 +194,8 @@ def _record(report: Report, counts: Counter[str], stage: str, source: str, seed:
     counts[outcome.kind] += 1
     if outcome.kind in FAILURE_KINDS:
         target = campaign.config.target if campaign.config is not None else None
-        failure = Failure(stage, outcome.kind, source, seed, outcome.detail, target)
+        failure = Failure(stage, outcome.kind, source, seed, outcome.detail, target,
+                          campaign.options)
         report.failures.append(failure)
         if campaign.progress:
             campaign.progress(f"--- {stage} {outcome.kind} ---\n{failure.reproducer()}")

@@ -164,9 +164,9 @@ def test_a_failure_on_another_target_replays_on_it(tmp_path, monkeypatch, capsys
     from polytile.fuzz import oracle
     real = oracle.check_compiled
 
-    def spy(source, seed, config=None):
+    def spy(source, seed, config=None, options=None):
         targets.append(config.target)
-        return real(source, seed, config)
+        return real(source, seed, config, options)
     monkeypatch.setattr(oracle, "check_compiled", spy)
     assert main(["--replay", str(path)]) == 0
     assert targets == ["cpu-generic"]
@@ -174,6 +174,31 @@ def test_a_failure_on_another_target_replays_on_it(tmp_path, monkeypatch, capsys
     # An unknown or unusable target stops the command before any case runs.
     assert main(["--target", "no-such-target", "--cases", "1"]) == 2
     assert "unknown target" in capsys.readouterr().err
+
+
+def test_pass_options_reach_the_compiled_side_and_replay(tmp_path, monkeypatch, capsys):
+    failure = Failure("compile", "mismatch", "def f(float(N,M) A) -> (B) {\n"
+                      "  B(i) +=! A(i,j)\n  B(i) = B(i) * 2\n}\n", 5, "seen",
+                      options=(("fuse.strategy", "none"),))
+    text = failure.reproducer()
+    assert '# options: {"fuse.strategy": "none"}' in text
+    path = tmp_path / "case.tc"
+    path.write_text(text)
+    seen = []
+    from polytile.fuzz import oracle
+    real = oracle.check_compiled
+
+    def spy(source, seed, config=None, options=None):
+        seen.append(options)
+        return real(source, seed, config, options)
+    monkeypatch.setattr(oracle, "check_compiled", spy)
+    assert main(["--replay", str(path)]) == 0
+    assert seen == [{"fuse.strategy": "none"}]
+    assert "compile (seed 5): compared" in capsys.readouterr().out
+    # options are checked against the target before any case runs
+    for bad in ("fuse.strategy=sideways", "fuse", "nosuchpass.x=1"):
+        assert main(["--option", bad, "--cases", "1"]) == 2
+        assert capsys.readouterr().err
 
 
 # Forward programs the gradient campaigns drew whose derived programs the front end
