@@ -35,7 +35,11 @@ GELU = WORKLOADS["gelu 33x101"]
 # a buffer in global memory between members, so its row stays a row per work-item.
 ROWS = {"softmax": (SOFTMAX, {"X": (5, 37)}),
         "layernorm": (LAYERNORM, {"X": (5, 37), "gamma": (37,), "beta": (37,)}),
-        "tmm": (TMM, {"A": (30, 24), "B": (40, 24)})}
+        "tmm": (TMM, {"A": (30, 24), "B": (40, 24)}),
+        # every row adds into gw: fused, but not a row group (work-groups would race)
+        "colsum": ("def colsum(float(N,D) X, float(N) y) -> (gw) {\n"
+                   "  g(n) = y(n) * 2\n  gw(d) +=! X(n,d) * g(n)\n}\n",
+                   {"X": (37, 11), "y": (37,)})}
 
 
 def _source_spec(name: str) -> Specialized:
@@ -69,11 +73,15 @@ def test_gpu_rows_is_a_gene_only_where_a_fused_row_becomes_a_row_group() -> None
     assert genes["softmax"]["gpu.rows"] == (64, 0)
     assert genes["layernorm"]["gpu.rows"] == (64, 0)
     assert "fuse.strategy" in genes["softmax"]     # rows only act under fuse.strategy=rows
-    tmm = _space(_source_spec("tmm"), opencl)
-    assert "gpu.rows" not in _pipeline_genes(tmm) and "gpu.rows" in tmm.fixed
-    assert _pipeline_genes(tmm)["gpu.threads"] == (64, 32, 128, 256)
+    colsum = _space(_source_spec("colsum"), opencl)
+    assert "gpu.rows" not in _pipeline_genes(colsum)
+    # a small matmul's row (its contraction spread over the columns) is a row group
+    assert genes["tmm"]["gpu.rows"] == (64, 0)
+    assert genes["tmm"]["gpu.threads"] == (64, 32, 128, 256)
+    # the bench's softmax passes its output Y between members, in global memory: a row
+    # group whose barriers order global memory too
     bench_softmax = _space(_spec(WORKLOADS["softmax 33x101"]), opencl)
-    assert "gpu.rows" in bench_softmax.fixed
+    assert _pipeline_genes(bench_softmax)["gpu.rows"] == (64, 0, 32)
 
 
 def test_a_value_that_builds_what_another_builds_lands_on_it() -> None:
