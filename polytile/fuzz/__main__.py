@@ -59,7 +59,7 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
 def _options(texts: list[str], target: str | None) -> dict[str, Any]:
     """`--option` values as pass options, checked against the target (ArgumentError)."""
     from polytile.passes.pipeline import check_pass_options
-    from polytile.targets.target import inspection_target
+    from polytile.targets.target import load_target, select_target
     options: dict[str, Any] = {}
     for text in texts:
         key, equals, value = text.partition("=")
@@ -70,8 +70,9 @@ def _options(texts: list[str], target: str | None) -> dict[str, Any]:
             options[key] = json.loads(value)
         except json.JSONDecodeError:
             options[key] = value
-    # the target's passes, without probing a device (which _unusable does in a child)
-    check_pass_options(options, inspection_target(target))
+    # the target's passes, without probing its device here: PoCL's threads would stay in
+    # this process, and the cases, each in a fork of it, would hang on their locks
+    check_pass_options(options, load_target(target) if target else select_target())
     return options
 
 

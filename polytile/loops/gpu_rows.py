@@ -48,7 +48,7 @@ def lower_block(low: Lowering, blk: Block, outer: Scope) -> list[L.Stmt]:
     space = iteration_space(blk, outer.idx, lambda: low.fresh("i"))
     if isinstance(space, str):
         return [title, L.Comment(f"empty: {space}")]
-    if len(space.loops) != 1:
+    if len(space.loops) > 1:
         raise IRError(f"row group {blk.name!r} needs one loop over its rows, not "
                       f"{len(space.loops)}")
     views, private = low.views(blk, outer, space.idx, False)
@@ -89,11 +89,12 @@ def lower_block(low: Lowering, blk: Block, outer: Scope) -> list[L.Stmt]:
             work += _member(low, member, scope, phase.kind, phase.loop, me, spec.threads)
         if phase.barrier:
             work.append(L.Barrier(fence))
-    var = space.loops[0]
-    lo, hi = space.bounds.range_of(var)
     group = L.Loop(t, Affine.constant(0), Affine.constant(spec.threads), tuple(work), "thread")
-    stmts: list[L.Stmt] = [L.Loop(var, lo, hi, (L.Alloc((*buffers, *parts), (group,)),),
-                                  "grid")]
+    stmts: list[L.Stmt] = [L.Alloc((*buffers, *parts), (group,))]
+    if space.loops:             # (one row, a size of 1: one work-group, no grid loop)
+        var = space.loops[0]
+        lo, hi = space.bounds.range_of(var)
+        stmts = [L.Loop(var, lo, hi, tuple(stmts), "grid")]
     if space.guards:
         stmts = [L.If(tuple(space.guards), tuple(stmts))]
     return [title, *stmts]

@@ -273,3 +273,18 @@ def test_a_staged_reduction_on_pocl_does_not_abort(tmp_path):
         pytest.skip(f"the opencl target cannot run here: {done.stderr.strip()}")
     assert done.returncode == 0, done.stderr[-2000:]
     assert "gradient (seed 215588): raised OutOfBoundsError" in done.stdout
+
+
+def test_an_opencl_campaign_with_options_runs_its_cases():
+    """The options are checked without probing the device in the parent process (whose
+    PoCL threads would hang every forked case)."""
+    import subprocess
+    done = subprocess.run([sys.executable, "-m", "polytile.fuzz", "--cases", "0",
+                           "--compile-cases", "3", "--seed", "4", "--target", "opencl",
+                           "--option", "fuse.strategy=rows", "--quiet"],
+                          capture_output=True, text=True, timeout=600, check=False)
+    if done.returncode == 2:
+        pytest.skip(f"the opencl target cannot run here: {done.stderr.strip()}")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "compile: 3 accepted programs" in done.stdout
+    assert "0 timeouts" in done.stdout

@@ -18,7 +18,7 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 from gpu.loop_edits import uniform_count
-from gpu.test_row_groups import needs_opencl
+from gpu.test_row_groups import PROBLEM, needs_opencl
 from passes.test_gpu_rows import MEAN_OUT
 
 import polytile as pt
@@ -187,3 +187,21 @@ def test_nvrtc_compiles_the_group(name: str, arch: int) -> None:
         assert "__shfl_xor_sync" in text
     cubin, _ = runtime.compile_cubin(text, (*NVRTC_FLAGS, f"--gpu-architecture=sm_{arch}"))
     assert cubin
+
+
+@pytest.mark.parametrize("name", sorted(WORKLOADS))
+def test_one_row_is_one_work_group_without_a_grid_loop(name: str) -> None:
+    """A size of 1 leaves the row loop one iteration, which the lowering drops (the
+    fuzzer's find: 'needs one loop over its rows, not 0')."""
+    w = {"interests": lambda: interests(1, 3, 37, 19), "attention": lambda: attention(1, 11, 7),
+         "ln-gelu-residual": lambda: ln_gelu_residual(1, 67)}[name]()
+    fn = optimized(w, "opencl")
+    the_group(fn)
+    args = arguments(w, seed=6)
+    check(w, run_loops(fn, args), args)
+    if PROBLEM is not None:     # no OpenCL device here: the loop interpreter is the check
+        return
+    module = pt.define(w.tc, target="opencl")
+    assert module.compiler is not None
+    module.compiler.options = ROWS
+    check(w, module[w.function](*args), args)
