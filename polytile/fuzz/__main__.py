@@ -11,8 +11,8 @@ user's cache. `--target` compiles for another target than the host's best (the O
 backend on PoCL, cpu-generic's SSE code); a failure's first line names it, and
 `--replay` compiles for it again. `--option PASS.PARAM=VALUE` (repeatable; the value
 in JSON, or a bare word as a string) sets a pass option of the compiled side, checked
-against the target first, and is replayed too. The exit status is 1 when a case failed, 2 when
-hypothesis is missing or the target cannot run here.
+against the target first, and is replayed too. The exit status is 1 when a case
+failed, 2 when hypothesis is missing, an option is wrong or the target cannot run here.
 """
 from __future__ import annotations
 

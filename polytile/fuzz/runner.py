@@ -166,7 +166,8 @@ def _compile(campaign: Campaign, report: Report) -> None:
         source, seed = example
         if check_front_end(source).kind != "accepted":
             assume(False)      # only accepted programs count as compile cases
-        outcome = isolated(lambda: check_compiled(source, seed, campaign.config, dict(campaign.options)),
+        outcome = isolated(lambda: check_compiled(source, seed, campaign.config,
+                                                  dict(campaign.options)),
                            campaign.compile_seconds)
         _record(report, report.compiled, "compile", source, seed, outcome, campaign)
     strategy = st.tuples(programs(), st.integers(0, 2**32 - 1))
@@ -180,7 +181,8 @@ def _gradients(campaign: Campaign, report: Report) -> None:
         source, seed = example
         if check_front_end(source).kind != "accepted":
             assume(False)
-        outcome = isolated(lambda: check_gradient(source, seed, campaign.config, dict(campaign.options)),
+        outcome = isolated(lambda: check_gradient(source, seed, campaign.config,
+                                                  dict(campaign.options)),
                            campaign.compile_seconds)
         if outcome.kind == "rejected":      # no gradient: not a case
             assume(False)

@@ -16,14 +16,13 @@ own m: an elementwise member, or a small contraction whose other loops are its
 reductions, the paper's thread composition); `across(m)` where m is a reduction of the
 member's one aggregating store and every other loop is one the output depends on (the
 group combines the terms along m once for each value of the others: at most
-ACROSS_REPEATS, unrolled). Members of one
-group may deal out loops of different ranges: the multi-interests motif's
-`S(k,l) += C(k,d) * X(l,d)` spreads l, its row maxima `mx(k) max= S(k,l)` share l
-across the group for each k, and `O(k,d) += W(k,l) * X(l,d)` spreads d. Anything else
-(nested blocks, data-dependent subscripts: a failed check would end a work-item between
-barriers; the member's own local buffers) is no phase, and the row block is not a row
-group. Which of a member's possible phases it takes is pass `gpu`'s choice
-(`phase_of`); `valid_phase` is what the verifier checks.
+ACROSS_REPEATS, unrolled). Members of one group may deal out loops of different ranges:
+the multi-interests motif's `S(k,l) += C(k,d) * X(l,d)` spreads l, its row maxima
+`mx(k) max= S(k,l)` share l across the group for each k, and `O(k,d) += W(k,l) *
+X(l,d)` spreads d. Anything else (nested blocks, data-dependent subscripts: a failed
+check would end a work-item between barriers; the member's own local buffers) is no
+phase, and the row block is not a row group. Which of a member's possible phases it
+takes is pass `gpu`'s choice (`phase_of`); `valid_phase` is what the verifier checks.
 
 A barrier follows a member when a later member, before the next barrier, touches a
 buffer it writes or writes one it reads (`phases.depends`): work-item t writes the
@@ -127,10 +126,9 @@ def _shared(member: N.Block, loop: N.Index) -> bool:
         return False
     out = member.ref(stores[0].ref)
     used = {n for a in out.access for n in a.names}
-    others = [i for i in member_loops(member) if i is not loop]
     return out.agg in ACROSS_AGGS and loop.name not in used and \
-        all(i.name in used for i in others) and math.prod(i.range for i in others) \
-        <= ACROSS_REPEATS
+        all(i.name in used for i in member_loops(member) if i is not loop) and \
+        across_repeats(member, loop.name) <= ACROSS_REPEATS
 
 
 def across_repeats(member: N.Block, loop: str) -> int:

@@ -105,7 +105,8 @@ def _across(low: Lowering, member: Block, outer: Scope, loop: str, me: Affine, t
     """An `across` member: the group's reduction along `loop` once for each value of the
     member's other loops (each of which the output depends on), unrolled, each with
     partial results of its own, so that its barriers stay at the top of the thread loop
-    (PoCL 3.1 miscompiled them in a loop: sums of 0, a corrupted heap)."""
+    as every other barrier of a row group does (PoCL 3.1, optimizing, ran them in a loop
+    wrongly: sums of 0, a corrupted heap)."""
     others = [i for i in member_loops(member) if i.name != loop]
     steps: list[L.Stmt] = []
     parts: list[L.Buffer] = []
