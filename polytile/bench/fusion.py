@@ -43,6 +43,9 @@ class FusionRow:
     same_ir: bool = False       # the plan builds what "rows" builds: their ratio is noise
     # The plan's kernel with the largest bytes moved / inputs + outputs (analysis.traffic)
     traffic: tuple[str, float] | None = None
+    # Launches of the CUDA that cuda-sm90 prints with fuse.strategy none and rows (row
+    # groups: FusionStitching's block composition), or why it prints none: no GPU needed
+    gpu_launches: tuple[str, str] = ("", "")
 
 
 def run(workloads: Sequence[Workload], options: TimingOptions, use_torch: bool = True,
@@ -89,6 +92,24 @@ def compiled_call(w: Workload, spec: Any, options: dict[str, Any]
     module = Module(w.tc, analyze(parse(w.tc, w.key)), "c", compiler)
     ir = compiler.ir(spec)
     return getattr(module, w.function), len(kernels(ir)), ir
+
+
+def gpu_launches(spec: Any, strategy: str, target: str = "cuda-sm90") -> str:
+    """How many kernels the CUDA printed for `spec` with `fuse.strategy` = `strategy`
+    launches, or the error class where it prints none."""
+    from polytile.codegen.cuda import print_cuda
+    from polytile.compile import Compiler
+    from polytile.config import load_config
+    from polytile.errors import PolytileError
+    from polytile.loops.lower import lower
+    from polytile.targets.target import load_target
+
+    compiler = Compiler(load_config(), load_target(target),
+                        options={"fuse.strategy": strategy})
+    try:
+        return str(len(print_cuda(lower(compiler.ir(spec))).launches))
+    except PolytileError as e:
+        return type(e).__name__
 
 
 def _run_one(w: Workload, options: TimingOptions, use_torch: bool, use_compile: bool,
@@ -156,7 +177,8 @@ def _run_one(w: Workload, options: TimingOptions, use_torch: bool, use_compile: 
                      plan.solve_seconds, plan.rounds, plan.objective,
                      tuple((name, t.median) for name, t in timed.items()),
                      same_ir=texts[0] == texts[1],
-                     traffic=(heaviest.name, heaviest.ratio) if heaviest else None)
+                     traffic=(heaviest.name, heaviest.ratio) if heaviest else None,
+                     gpu_launches=(gpu_launches(spec, "none"), gpu_launches(spec, "rows")))
 
 
 def _tuple(value: Any) -> tuple[np.ndarray, ...]:
@@ -219,7 +241,8 @@ def _numpy(value: Any) -> Any:
 
 
 def table(rows: Sequence[FusionRow]) -> tuple[list[str], list[list[str]]]:
-    head = ["workload", "ops", "kernels rows", "kernels plan", "max traffic", "plan",
+    head = ["workload", "ops", "kernels rows", "kernels plan", "cuda launches none / rows",
+            "max traffic", "plan",
             "ILP ms (solves)", "numpy f64 ms", "torch ms", "inductor ms", "jax ms", "rows ms",
             "plan ms", "plan vs rows", "plan vs torch", "plan vs inductor", "plan vs jax",
             "none ms", "saved ms: model / measured"]
@@ -236,6 +259,7 @@ def table(rows: Sequence[FusionRow]) -> tuple[list[str], list[list[str]]]:
         jax_ms = t.get("jax.jit")
         body.append([
             r.workload.name, str(r.ops), str(r.kernels[0]), str(r.kernels[1]),
+            " / ".join(r.gpu_launches),
             f"{r.traffic[1]:.2f}x ({r.traffic[0]})" if r.traffic else "n/a", plan,
             f"{r.ilp_seconds * 1e3:.1f} ({r.ilp_rounds})", f"{t['numpy'] * 1e3:.3f}",
             f"{torch_ms * 1e3:.3f}" if torch_ms else "n/a",
@@ -277,7 +301,7 @@ def _geomeans(rows: Sequence[FusionRow]) -> list[list[str]]:
         mean = float(np.exp(np.mean(np.log(ratios))))
         cells.append(f"{mean:.2f}x" + ("" if len(ratios) == len(ok) else
                                        f" (of {len(ratios)})"))
-    return [["geomean", *[""] * 12, *cells, "", ""]]
+    return [["geomean", *[""] * 13, *cells, "", ""]]
 
 
 NOTE = ("Kernels are top-level loop nests of the optimized IR (hoisted initializations "
@@ -293,4 +317,8 @@ NOTE = ("Kernels are top-level loop nests of the optimized IR (hoisted initializ
         "per statement, the baseline of the cost model: 'saved' is the plan's saving "
         "against it by the model (the ILP's objective) and as measured. 'inductor' is "
         "torch.compile's default backend, 'jax' jax.jit on the CPU; both are timed after "
-        "their compiling call, and n/a where absent, failing or disagreeing with NumPy.")
+        "their compiling call, and n/a where absent, failing or disagreeing with NumPy. "
+        "'cuda launches' counts the kernels of the CUDA that cuda-sm90 prints (no GPU "
+        "runs it) with one kernel per statement and with fuse.strategy rows, whose fused "
+        "rows run as row groups (FusionStitching's block composition); an error class "
+        "where it prints none.")

@@ -20,14 +20,26 @@ def test_table_shows_kernels_plan_and_ratios() -> None:
                     plan_seconds=0.1, ilp_seconds=0.004, ilp_rounds=2,
                     times=(("numpy", 2e-3), ("polytile rows", 1e-3),
                            ("polytile plan", 5e-4), ("torch eager", 1.5e-3)),
-                    traffic=("stitched_0", 1.254))
+                    traffic=("stitched_0", 1.254), gpu_launches=("11", "4"))
     head, (body,) = table([row])
     cells = dict(zip(head, body))
     assert cells["kernels rows"] == "5" and cells["kernels plan"] == "3"
+    assert cells["cuda launches none / rows"] == "11 / 4"
     assert cells["max traffic"] == "1.25x (stitched_0)"
     assert cells["plan"] == "{0,1,2} {3}" and cells["ILP ms (solves)"] == "4.0 (2)"
     assert cells["plan vs rows"] == "2.00x" and cells["plan vs torch"] == "3.00x"
     assert cells["inductor ms"] == "n/a" and cells["plan vs inductor"] == "n/a"
+
+
+def test_cuda_launches_count_the_printed_kernels() -> None:
+    """The multi-interests motif: a kernel per statement, one row group with rows."""
+    import numpy as np
+
+    from polytile.bench.fusion import gpu_launches, specialized
+    from polytile.bench.fusion_workloads import interests
+    w = interests(3, 2, 7, 5)
+    spec = specialized(w, w.make_inputs(np.random.default_rng(0)))
+    assert (gpu_launches(spec, "none"), gpu_launches(spec, "rows")) == ("17", "1")
 
 
 def test_failed_row_says_why() -> None:
