@@ -387,8 +387,11 @@ def _fused(name: str, members: list[N.Block], parent: N.Block) -> N.Block:
     added: set[str] = set()
     for m in members:
         for r in m.refs:
-            if r.dir != "in" and not any(a.coeff(m.idxs[0].name) for a in r.access):
-                added.add(r.from_)      # a column member's result: every row adds into it
+            # A column member's result: every row adds into it (not with one row, where a
+            # member may also assign it: the seed 104 find, sizes of 1 under "max").
+            if rows > 1 and r.dir != "in" and not any(a.coeff(m.idxs[0].name)
+                                                      for a in r.access):
+                added.add(r.from_)
     inner = []
     for m in members:
         row = m.idxs[0]

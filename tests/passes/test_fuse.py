@@ -8,9 +8,10 @@ import pytest
 from polytile.bench.memorybound import BATCHNORM
 from polytile.errors import ArgumentError
 from polytile.ir import nodes as N
+from polytile.ir.verify import verify
 from polytile.passes.fuse import fuse
 
-from .helpers import check_pass, lowered, target
+from .helpers import assert_same_meaning, check_pass, lowered, target
 
 GENERIC = target("cpu-generic")
 
@@ -210,6 +211,21 @@ def test_strategy_max_fuses_the_contraction_too() -> None:
     assert [b.name for b in blocks] == ["fused_0"]
     assert [m.name for m in blocks[0].stmts if isinstance(m, N.Block)] == ["s0_init", "s0", "s1"]
     check_pass("fuse_max_mmrelu", before, after)
+
+
+def test_one_row_that_assigns_and_scatters_into_a_buffer_fuses_without_adding() -> None:
+    """With a size of 1, a member whose row index its output ignores (the scatter's k)
+    writes no other row's elements; the fused view is not an add over rows, which the
+    assigning member inside it would contradict (a gradient fuzz find, seed 104)."""
+    source = ("def f(float(N) A, float(3, N) P) -> (D) {\n"
+              "  D(i) = A(i) where i in 0:N\n"
+              "  D(2 * i) += P(j, k) where j in 0:3, k in 0:N, i in 0:((N + 1) / 2)\n}\n")
+    before = lowered(source, {"A": (1,), "P": (3, 1)})
+    after = fuse(before, target("cpu-avx2"), {"strategy": "max"})
+    [fused] = [s for s in after.body.stmts if isinstance(s, N.Block) and "fused" in s.tags]
+    assert {r.into: r.agg for r in fused.refs}["D"] == "assign"
+    verify(after)
+    assert_same_meaning(before, after)
 
 
 def test_unknown_strategy_is_an_argument_error() -> None:
