@@ -138,10 +138,12 @@ def cmd_show(args: argparse.Namespace) -> int:
         from polytile.config import load_config
         from polytile.ir.printer import format_function as format_ir
 
+        from polytile.passes.pipeline import options_from_text
+
         config = load_config()
-        # What a call would compile: with the tuned options, if any.
+        # What a call would compile: with the tuned options, if any; with --option, those.
         compiler = Compiler(config, _shown_target(args.target or config.target),
-                            tuned=tuned_lookup(config))
+                            options=options_from_text(args.option), tuned=tuned_lookup(config))
         if args.stage == "plan":
             _show_plan(compiler, _specialize(fn, args.sizes))
             continue
@@ -392,6 +394,9 @@ def main(argv: list[str] | None = None) -> int:
     show.add_argument("--function", default=None, help="only this function")
     show.add_argument("--target", default=None,
                       help="e.g. cpu-avx512, any target on any host (default: the host's best)")
+    show.add_argument("--option", action="append", default=[], metavar="PASS.PARAM=VALUE",
+                      help="a pass option instead of the tuned ones, e.g. fuse.strategy=rows "
+                           "(repeatable)")
     show.set_defaults(run=cmd_show)
     grad = sub.add_parser("grad", help="print the TC that computes a function's gradients")
     grad.add_argument("file", help="TC source file, or - for standard input")

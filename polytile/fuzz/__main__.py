@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from polytile.config import load_config
-from polytile.errors import ArgumentError, PolytileError, UnsupportedError
+from polytile.errors import PolytileError, UnsupportedError
 from polytile.fuzz import require_hypothesis
 from polytile.runtime.dispatch import wait_for_builds
 
@@ -58,18 +58,9 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
 
 def _options(texts: list[str], target: str | None) -> dict[str, Any]:
     """`--option` values as pass options, checked against the target (ArgumentError)."""
-    from polytile.passes.pipeline import check_pass_options
+    from polytile.passes.pipeline import check_pass_options, options_from_text
     from polytile.targets.target import load_target, select_target
-    options: dict[str, Any] = {}
-    for text in texts:
-        key, equals, value = text.partition("=")
-        if not equals or "." not in key:
-            raise ArgumentError(f"--option {text!r} is not PASS.PARAM=VALUE",
-                                hint="e.g. --option fuse.strategy=rows")
-        try:
-            options[key] = json.loads(value)
-        except json.JSONDecodeError:
-            options[key] = value
+    options = options_from_text(texts)
     # the target's passes, without probing its device here: PoCL's threads would stay in
     # this process, and the cases, each in a fork of it, would hang on their locks
     check_pass_options(options, load_target(target) if target else select_target())

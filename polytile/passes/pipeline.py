@@ -11,7 +11,8 @@ obeyed past what the hardware can do.
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
+import json
+from collections.abc import Mapping, Sequence
 from typing import Any, Callable
 
 from polytile.errors import ArgumentError
@@ -56,6 +57,23 @@ def one_of(*choices: str) -> ParamCheck:
         return None if value in choices else (f"must be one of {', '.join(choices)}, "
                                                f"got {value!r}")
     return check
+
+
+def options_from_text(texts: Sequence[str]) -> dict[str, Any]:
+    """Options written `PASS.PARAM=VALUE` (a command line's): the value in JSON, or a bare
+    word as a string (`fuse.strategy=rows`, `gpu.rows=32`, `pack.enabled=false`). Checked
+    against a target by `check_pass_options`."""
+    options: dict[str, Any] = {}
+    for text in texts:
+        key, equals, value = text.partition("=")
+        if not equals or "." not in key:
+            raise ArgumentError(f"option {text!r} is not PASS.PARAM=VALUE",
+                                hint="e.g. fuse.strategy=rows")
+        try:
+            options[key] = json.loads(value)
+        except json.JSONDecodeError:
+            options[key] = value
+    return options
 
 
 def check_pass_options(options: Mapping[str, Any], target: Target) -> None:

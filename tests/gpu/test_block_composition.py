@@ -205,3 +205,23 @@ def test_one_row_is_one_work_group_without_a_grid_loop(name: str) -> None:
     assert module.compiler is not None
     module.compiler.options = ROWS
     check(w, module[w.function](*args), args)
+
+
+def test_show_prints_the_row_group_with_pass_options(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    """`polytile show --option`: the fused kernel a researcher asks for, without the
+    Python API; a wrong option is refused naming it."""
+    from polytile import cli
+    w = WORKLOADS["interests"]()
+    source = tmp_path / "interests.tc"
+    source.write_text(w.tc)
+    sizes = "B=5,K=3,L=37,D=19"
+    assert cli.main(["show", str(source), "--stage", "cuda", "--target", "cuda-sm90",
+                     "--sizes", sizes, "--option", "fuse.strategy=rows"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("__global__") == 1 and "a row per work-group" in out
+    assert cli.main(["show", str(source), "--stage", "cuda", "--target", "cuda-sm90",
+                     "--sizes", sizes]) == 0
+    assert capsys.readouterr().out.count("__global__") == 17     # one per statement
+    assert cli.main(["show", str(source), "--stage", "ir", "--sizes", sizes,
+                     "--option", "fuse.strategy=sideways"]) != 0
+    assert "fuse.strategy must be one of" in capsys.readouterr().err
