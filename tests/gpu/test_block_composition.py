@@ -8,8 +8,9 @@ memory, and the group's barriers order it (`Barrier("group")`).
 
 Checked against the NumPy versions of the fusion bench (float64 inside) at sizes no
 group size divides: the loop IR in the loop interpreter (a group's work-items in
-lock-step between barriers), the OpenCL kernel on PoCL, the CUDA C++ on the emulated
-driver (tests/gpu/cuda_emulation.py, one launch) and compiled by NVRTC."""
+lock-step between barriers), the OpenCL kernel on PoCL (C-ordered, Fortran-ordered and
+strided inputs), the CUDA C++ on the emulated driver (tests/gpu/cuda_emulation.py, one
+launch) and compiled by NVRTC."""
 from __future__ import annotations
 
 import shutil
@@ -17,6 +18,7 @@ from collections.abc import Callable
 
 import numpy as np
 import pytest
+from conformance.test_conformance import relayout
 from gpu.loop_edits import uniform_count
 from gpu.test_row_groups import PROBLEM, needs_opencl
 from passes.test_gpu_rows import MEAN_OUT
@@ -147,7 +149,8 @@ def test_opencl_on_pocl_matches_numpy(name: str) -> None:
     assert module.compiler is not None
     module.compiler.options = ROWS
     args = arguments(w, seed=4)
-    check(w, module[w.function](*args), args)
+    for layout in ("c", "f", "strided"):
+        check(w, module[w.function](*[relayout(a, layout) for a in args]), args)
     assert "pt_k1" not in print_opencl(lower(optimized(w, "opencl"))).text   # one kernel
 
 
