@@ -38,12 +38,15 @@ if TYPE_CHECKING:
     from polytile.loops.lower import Lowering
 
 SHARED = "shared"
+# Begins the comment above every row group's code: polytile.runtime.opencl builds
+# programs with one unoptimized on PoCL, whose optimizer miscompiled a row group.
+ROW_GROUP_MARK = "a row per work-group"
 
 
 def lower_block(low: Lowering, blk: Block, outer: Scope) -> list[L.Stmt]:
     spec = blk.schedule.rows
     assert spec is not None
-    title = L.Comment(f"block {safe(blk.name)}: a row per work-group of {spec.threads} "
+    title = L.Comment(f"block {safe(blk.name)}: {ROW_GROUP_MARK} of {spec.threads} "
                       "work-items")
     space = iteration_space(blk, outer.idx, lambda: low.fresh("i"))
     if isinstance(space, str):
