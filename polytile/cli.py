@@ -137,7 +137,6 @@ def cmd_show(args: argparse.Namespace) -> int:
         from polytile.compile import Compiler
         from polytile.config import load_config
         from polytile.ir.printer import format_function as format_ir
-
         from polytile.passes.pipeline import options_from_text
 
         config = load_config()

@@ -260,31 +260,34 @@ POCL_ABORT = ("def f(int64(N) X, double(N, N, K) C, float(K) A, double(N, 3) B) 
               "  O(i, k) min=! 1 - A(j) + B(l, k) where i in 0:3\n  P() max=! A(X(j))\n}\n")
 
 
-def test_a_staged_reduction_on_pocl_does_not_abort(tmp_path):
-    """Replayed in a process of its own, as a user would (this one may hold PoCL's
-    threads from other tests, which a forked case would hang on)."""
+def _fuzz_in_a_process(*args: str):  # type: ignore[no-untyped-def]
+    """`python -m polytile.fuzz ARGS` in a process of its own, as a user runs it (this one
+    may hold PoCL's threads from other tests, which a forked case would hang on): its
+    completed process, which exited 0. Skips where the opencl target cannot run here
+    (exit status 2, the reason on stderr)."""
     import subprocess
-    path = tmp_path / "case.tc"
-    path.write_text(Failure("gradient", "crash", POCL_ABORT, 215588, "SIGABRT",
-                            target="opencl").reproducer())
-    done = subprocess.run([sys.executable, "-m", "polytile.fuzz", "--replay", str(path)],
+    done = subprocess.run([sys.executable, "-m", "polytile.fuzz", *args],
                           capture_output=True, text=True, timeout=600, check=False)
     if done.returncode == 2:
         pytest.skip(f"the opencl target cannot run here: {done.stderr.strip()}")
     assert done.returncode == 0, done.stderr[-2000:]
+    return done
+
+
+def test_a_staged_reduction_on_pocl_does_not_abort(tmp_path):
+    """Replayed in a process of its own, as a user would (`_fuzz_in_a_process`)."""
+    path = tmp_path / "case.tc"
+    path.write_text(Failure("gradient", "crash", POCL_ABORT, 215588, "SIGABRT",
+                            target="opencl").reproducer())
+    done = _fuzz_in_a_process("--replay", str(path))
     assert "gradient (seed 215588): raised OutOfBoundsError" in done.stdout
 
 
 def test_an_opencl_campaign_with_options_runs_its_cases():
     """The options are checked without probing the device in the parent process (whose
     PoCL threads would hang every forked case)."""
-    import subprocess
-    done = subprocess.run([sys.executable, "-m", "polytile.fuzz", "--cases", "0",
-                           "--compile-cases", "3", "--seed", "4", "--target", "opencl",
-                           "--option", "fuse.strategy=rows", "--quiet"],
-                          capture_output=True, text=True, timeout=600, check=False)
-    if done.returncode == 2:
-        pytest.skip(f"the opencl target cannot run here: {done.stderr.strip()}")
-    assert done.returncode == 0, done.stderr[-2000:]
+    done = _fuzz_in_a_process("--cases", "0", "--compile-cases", "3", "--seed", "4",
+                              "--target", "opencl", "--option", "fuse.strategy=rows",
+                              "--quiet")
     assert "compile: 3 accepted programs" in done.stdout
     assert "0 timeouts" in done.stdout

@@ -13,14 +13,14 @@ strided inputs), the CUDA C++ on the emulated driver (tests/gpu/cuda_emulation.p
 launch) and compiled by NVRTC."""
 from __future__ import annotations
 
-import shutil
 from collections.abc import Callable
 
 import numpy as np
 import pytest
 from conformance.test_conformance import relayout
 from gpu.loop_edits import uniform_count
-from gpu.test_row_groups import PROBLEM, needs_opencl
+from gpu.test_cuda_warp import needs_emulation
+from gpu.test_row_groups import PROBLEM, needs_nvrtc, needs_opencl
 from passes.test_gpu_rows import MEAN_OUT
 
 import polytile as pt
@@ -45,11 +45,6 @@ WORKLOADS: dict[str, Callable[[], Workload]] = {
     "attention": lambda: attention(3, 11, 7),
     "ln-gelu-residual": lambda: ln_gelu_residual(5, 67),
 }
-EMULATION = runtime.nvrtc_problem() or (None if shutil.which("g++") else "g++ (for the emulation)")
-needs_emulation = pytest.mark.skipif(EMULATION is not None,
-                                     reason=f"the emulation needs {EMULATION}")
-NVRTC = runtime.nvrtc_problem()
-needs_nvrtc = pytest.mark.skipif(NVRTC is not None, reason=f"compiling CUDA needs {NVRTC}")
 
 
 def arguments(w: Workload, seed: int = 0) -> tuple[np.ndarray, ...]:
