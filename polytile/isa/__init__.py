@@ -9,6 +9,9 @@ operands, and comment lines `# key: value` that say what it takes to use it:
     # sizes: L=16                           the sizes that make the operands registers
     # c-x86: {out0} = (__typeof__({out0}))_mm512_dpbusd_epi32(...);   the C form
                                             (c-arm64 for an AArch64 instruction)
+    # c-x86-setup: _tile_loadconfig(...);   optional: what a thread runs once before a
+    # c-x86-finish: _tile_release();        run of the instruction, and after it (AMX's
+                                            tile configuration)
     def vpdpbusd_512(int32(L) acc, uint8(L,4) a, int8(L,4) b) -> (d) {
       d(l) = acc(l)
       d(l) += int32(a(l,k)) * int32(b(l,k))
@@ -52,6 +55,11 @@ from polytile.sema import program as P
 
 KEYS = ("feature", "cflags", "sizes")
 FORMS = ("c-x86", "c-arm64", "cuda")   # at least one: the form for that backend
+# Optional, per form: statements a thread runs once before a run of the instruction and
+# once after it, registered as instructions of no operands called `<name>.setup` and
+# `<name>.finish` (AMX's tiles are configured so; a lowering that uses the instruction
+# emits them around its loops: polytile.loops.tiles).
+AROUND = ("setup", "finish")
 WARP = 32                           # threads of a warp, which run a warp-level instruction
 
 
@@ -65,6 +73,12 @@ class Description:
     definition: InstructionDef
     reduction: N.Block               # its reduction statement, lowered (the inspector's)
     tc: P.Function                   # the checked TC function
+    # `<name>.setup` and `<name>.finish`, those of AROUND it has
+    around: tuple[InstructionDef, ...] = ()
+
+    def has(self, step: str) -> bool:
+        """Whether the instruction has a `step` of AROUND ("setup" or "finish")."""
+        return any(a.name == f"{self.name}.{step}" for a in self.around)
 
     @property
     def operands(self) -> tuple[str, ...]:
@@ -99,7 +113,8 @@ def descriptions() -> tuple[Description, ...]:
                    key=lambda f: f.name)
     out = tuple(load_description(f.read_text(), f.name) for f in files)
     for d in out:
-        register_instruction(d.definition)
+        for definition in (d.definition, *d.around):
+            register_instruction(definition)
     return out
 
 
@@ -114,7 +129,8 @@ def load_description(text: str, origin: str) -> Description:
     layouts: dict[str, tuple[int, str]] = {}
     for line in text.splitlines():
         key, colon, value = line.removeprefix("#").partition(":")
-        if line.startswith("#") and colon and key.strip() in KEYS + FORMS:
+        if line.startswith("#") and colon and key.strip() in KEYS + FORMS + tuple(
+                f"{f}-{a}" for f in FORMS for a in AROUND):
             meta[key.strip()] = value.strip()
         elif line.startswith("#") and colon and key.strip().startswith("layout-"):
             layouts[key.strip().removeprefix("layout-")] = _layout(value, origin)
@@ -152,8 +168,15 @@ def load_description(text: str, origin: str) -> Description:
         layouts=layouts)
     if layouts:
         _check_layouts(definition, origin)
+    around = []
+    for step in AROUND:
+        forms = {f: meta[f"{f}-{step}"] for f in FORMS if f"{f}-{step}" in meta}
+        if forms:
+            around.append(InstructionDef(f"{tc.name}.{step}", outputs=(), inputs=(),
+                                         meaning=lambda: (), forms=forms,
+                                         feature=meta["feature"], cflags=definition.cflags))
     return Description(tc.name, meta["feature"], definition.cflags, sizes, text, definition,
-                       reduction, tc.fn)
+                       reduction, tc.fn, tuple(around))
 
 
 def _sizes(text: str, origin: str) -> tuple[tuple[str, int], ...]:

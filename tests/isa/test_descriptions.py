@@ -31,6 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "codegen"))
 from c_harness import CC, FLAGS, needs_cc
 
 DESCRIPTIONS = {d.name: d for d in descriptions()}
+AMX = sorted(n for n in DESCRIPTIONS if n.endswith("_amx"))
+AMX_EMULATION = Path(__file__).with_name("amx_emulation.h")
 X86 = sorted(n for n, d in DESCRIPTIONS.items() if "c-x86" in d.definition.forms)
 ARM = sorted(n for n, d in DESCRIPTIONS.items() if "c-arm64" in d.definition.forms)
 START = Affine.constant(0)
@@ -99,14 +101,18 @@ def operands(d: Description, seed: int) -> list[np.ndarray]:
 
 
 def kernel(d: Description) -> L.Kernel:
-    """Load each operand, run the instruction, store each result."""
+    """Load each operand, run the instruction (after its setup and before its finish,
+    where it has them), store each result."""
     ins, outs = d.definition.inputs, d.definition.outputs
     params = tuple(L.Buffer(f"b{p}", t.dtype, 0, param=p, writable=p >= len(ins))
                    for p, t in enumerate(ins + outs))
     body: list[L.Stmt] = [L.Let(f"v{p}", t, L.Read(f"b{p}", START, t.lanes))
                           for p, t in enumerate(ins)]
     results = tuple(f"r{k}" for k in range(len(outs)))
-    body.append(L.Instruction(d.name, results, tuple(f"v{p}" for p in range(len(ins)))))
+    around = {a.name.rsplit(".", 1)[1]: L.Instruction(a.name, (), ()) for a in d.around}
+    body += [*([around["setup"]] if "setup" in around else []),
+             L.Instruction(d.name, results, tuple(f"v{p}" for p in range(len(ins)))),
+             *([around["finish"]] if "finish" in around else [])]
     body += [L.Store(f"b{len(ins) + k}", START, r) for k, r in enumerate(results)]
     return L.Kernel(d.name, params, (), tuple(body))
 
@@ -149,11 +155,14 @@ def test_the_integer_edges_wrap_as_the_hardware_does() -> None:
     np.testing.assert_array_equal(got, wrap32(np.full(16, 2**31 - 1 + 4 * 255 * 127)))
 
 
-def build(d: Description, tmp: Path) -> Path:
+def build(d: Description, tmp: Path, emulated: bool = False) -> Path:
+    """The instruction's kernel as a shared object; `emulated`: on the software AMX of
+    tests/isa/amx_emulation.h, without the instruction's flags."""
     source = print_c(kernel(d), "k").text
     (tmp / "k.c").write_text(source)
     so = tmp / "k.so"
-    subprocess.run([CC, *FLAGS, *d.cflags, "-Wno-psabi", "-shared", "-fPIC", "-o", str(so),
+    flags = ["-include", str(AMX_EMULATION), "-std=gnu99"] if emulated else list(d.cflags)
+    subprocess.run([CC, *FLAGS, *flags, "-Wno-psabi", "-shared", "-fPIC", "-o", str(so),
                     str(tmp / "k.c"), "-lm"], check=True, capture_output=True, text=True)
     return so
 
@@ -170,7 +179,21 @@ def test_the_instruction_computes_its_description(name: str, tmp_path: Path) -> 
     d = DESCRIPTIONS[name]
     if d.feature not in host_features():
         pytest.skip(f"this host has no {d.feature}: {name} is compiled, not run")
-    lib = ctypes.CDLL(str(build(d, tmp_path)))
+    check_the_c_form(d, build(d, tmp_path))
+
+
+@needs_cc
+@pytest.mark.parametrize("name", AMX)
+def test_the_amx_c_form_computes_its_description_on_the_software_amx(name: str,
+                                                                     tmp_path: Path) -> None:
+    """On any host: the C forms (setup, instruction, finish) built against the SDM's
+    pseudo-code in C, which also aborts where a tile is used unconfigured."""
+    check_the_c_form(DESCRIPTIONS[name], build(DESCRIPTIONS[name], tmp_path, emulated=True))
+
+
+def check_the_c_form(d: Description, so: Path) -> None:
+    name = d.name
+    lib = ctypes.CDLL(str(so))
     for seed in range(4):
         x = operands(d, seed)
         outs = [np.zeros(t.lanes, t.dtype.numpy) for t in d.definition.outputs]
