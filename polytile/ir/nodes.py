@@ -264,6 +264,22 @@ class WarpTiled:
 
 
 @dataclass(frozen=True)
+class Tiled:
+    """The block runs on a CPU's matrix instruction on tiles (AMX's tdpbf16ps, tdpbusd,
+    tdpbssd, described in polytile/isa): the instruction's M and N loops are the block's
+    indices `rows` and `cols`, its two reduction loops (the groups and the values of a
+    group) both the block's `reduction`, split by the group's size (the inspector's
+    mapping). Both operands are packed per call into the instruction's tiles, zero past
+    the ends, and each output tile is accumulated over every step of the reduction
+    (polytile.loops.tiles). Other output indices loop around it."""
+
+    instruction: str
+    rows: str
+    cols: str
+    reduction: str
+
+
+@dataclass(frozen=True)
 class Staged:
     """A GPU thread tile's reduction staged through local (shared) memory (TC §5.5): its
     reduction index `index` runs in tiles of `tile` iterations; per tile the work-group
@@ -400,6 +416,8 @@ class BlockSchedule:
       set by pass autotile on the blocks pass fuse stitches);
     * mma: the block runs on a warp-level matrix instruction, a tile per warp (pass
       `tensor_cores`; `WarpTiled`);
+    * tiles: the block runs on a CPU's matrix instruction on tiles (AMX; pass
+      `tensorize`; `Tiled`);
     * rows: a fused row block runs a row per work-group, its members as phases across
       the group's work-items (pass `gpu`; `RowGroup`).
     * stream: views of a vector micro-kernel's output whose full-vector stores bypass the
@@ -436,6 +454,7 @@ class BlockSchedule:
     across: Across | None = None
     stitch: Stitched | None = None
     mma: WarpTiled | None = None
+    tiles: Tiled | None = None
     rows: RowGroup | None = None
     stream: tuple[str, ...] = ()
     next_row: tuple[NextRow, ...] = ()

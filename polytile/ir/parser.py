@@ -47,6 +47,7 @@ from polytile.ir.nodes import (
     Store,
     Tensorized,
     TensorShape,
+    Tiled,
     VectorLoop,
     WarpTiled,
 )
@@ -220,7 +221,7 @@ class _Parser(TokenCursor[_Token]):
         if word not in ("parallel", "combine", "vector", "unroll", "order", "transpose",
                         "boundary", "prefetch", "stream", "next_row", "folded", "first",
                         "tensorize", "stage", "across", "stitch", "mma", "rows",
-                        *GPU_KINDS):
+                        "tiles", *GPU_KINDS):
             raise IRError(f"unknown schedule item {word!r}", item.loc,
                           "items: micro, vector(i, dtype, lanes), boundary(remainders|guarded), "
                           "unroll(i, ...), order(i, ...), transpose(width), parallel(i), "
@@ -230,6 +231,7 @@ class _Parser(TokenCursor[_Token]):
                           "tensorize(instruction, i, k), "
                           "stage(k, tile, A, ..., pad = n), across(k, threads[, warp = n]), "
                           "stitch(for barrier, single, ...), mma(instruction, i, j, k, warps, warps, tiles, tiles), "
+                          "tiles(instruction, i, j, k), "
                           "rows(r, threads[, warp = n], single barrier, across, spread, ...)")
         self.expect("(")
         if word in ("unroll", "order"):
@@ -329,6 +331,13 @@ class _Parser(TokenCursor[_Token]):
                 self.expect(",")
                 counts.append(self.integer(what))
             fields["mma"] = WarpTiled(name, m_index, n_index, k_index, *counts)
+        elif word == "tiles":
+            name = self.name("the instruction")
+            loops = []
+            for what in ("the rows index", "the columns index", "the reduction index"):
+                self.expect(",")
+                loops.append(self.name(what))
+            fields["tiles"] = Tiled(name, *loops)
         elif word == "boundary":
             fields["boundary"] = self.name("remainders or guarded")
         else:

@@ -172,6 +172,9 @@ def format_schedule(s: BlockSchedule) -> str:
         w = s.mma
         items.append(f"mma({w.instruction}, {w.rows}, {w.cols}, {w.reduction}, {w.warps_m}, "
                      f"{w.warps_n}, {w.tiles_m}, {w.tiles_n})")
+    if s.tiles is not None:
+        w2 = s.tiles
+        items.append(f"tiles({w2.instruction}, {w2.rows}, {w2.cols}, {w2.reduction})")
     if s.stitch is not None:
         phases = (("for" if p.shared else "single") + (" barrier" if p.barrier else "")
                   for p in s.stitch.phases)

@@ -73,6 +73,7 @@ from polytile.ir.nodes import (
     Stitched,
     Store,
     Tensorized,
+    Tiled,
     VectorLoop,
     WarpTiled,
 )
@@ -279,6 +280,25 @@ def _check_tensorize(block: Block, t: Tensorized, path: str) -> None:
                           "does not compute there")
 
 
+def _check_tiles(block: Block, w: Tiled, path: str) -> None:
+    """The inspector maps the instruction's M and N loops onto `rows` and `cols` and its
+    two reduction loops onto `reduction`, split, with neither operand broadcast; the block
+    has no reduction loop besides (what polytile.loops.tiles lays out)."""
+    from polytile.isa import description
+    from polytile.isa.inspect import kinds, mappings, split
+    d = description(w.instruction)
+    if not any(split(m) is not None and [p for _, p in m.loops]
+               == [w.rows, w.cols, w.reduction, w.reduction] and not m.broadcast
+               for m in mappings(block, d.name, d.reduction)):
+        raise _fail(path, f"the schedule runs the block on {w.instruction}'s tiles with M, N "
+                          f"and K along {w.rows}, {w.cols} and {w.reduction}, which the "
+                          "instruction does not compute there")
+    others = [n for n in kinds(block)[1] if n != w.reduction]
+    if others:
+        raise _fail(path, f"the block runs on {w.instruction}'s tiles but reduces along "
+                          f"{', '.join(others)} besides {w.reduction}")
+
+
 def _check_mma(block: Block, w: WarpTiled, path: str) -> None:
     """The instruction is a described warp-level one and the inspector maps its M, N and K
     loops onto `rows`, `cols` and `reduction` with both operands read along them; a block
@@ -335,6 +355,8 @@ def _check_schedule(block: Block, path: str, target: Target | None) -> None:
         _check_tensorize(block, s.tensorize, path)
     if s.mma is not None:
         _check_mma(block, s.mma, path)
+    if s.tiles is not None:
+        _check_tiles(block, s.tiles, path)
     for index, kind in s.gpu:
         first = replace(block, idxs=(block.index(index), *(i for i in block.idxs
                                                            if i.name != index)))

@@ -13,7 +13,10 @@ block runs on the instruction when
   the ops above a load see the same value either way);
 * loop mapping: each loop of the description goes to its own loop of the program (of
   more than one iteration), of the same kind (data-parallel: the output depends on it;
-  reduction: it does not);
+  reduction: it does not); but the description's last two reduction loops may also both
+  go to one reduction loop of the program, split by the inner one's extent T: program
+  index = T * outer + inner (AMX's groups g and the values t of a group, T = 2 or 4,
+  take one matmul's k: its B tile holds each group of T rows of B side by side);
 * access isomorphism: a bound view depends on every mapped loop its description operand
   depends on, except that an operand may be broadcast along a data-parallel loop it
   does not depend on (vpdpbusd's `a` for a matmul's row); it never depends on a mapped
@@ -153,13 +156,31 @@ def mappings(block: N.Block, name: str, description: N.Block) -> list[Mapping]:
                            if description.ref(d).shape.dtype != block.ref(p).shape.dtype))
     found = []
     for par in itertools.permutations(reversed(par_p), len(par_d)):
-        for red in itertools.permutations(reversed(red_p), len(red_d)):
+        for red in _reductions(red_d, red_p):
             loops = dict(zip(par_d + red_d, par + red))
             broadcast = _feasible(description, block, bindings, loops, set(par_d))
             if broadcast is not None:
                 found.append(Mapping(name, tuple(loops.items()), tuple(bindings.items()),
                                      tuple(sorted(broadcast)), widened))
     return found
+
+
+def _reductions(red_d: list[str], red_p: list[str]) -> list[tuple[str, ...]]:
+    """The program's reduction loops for the description's, innermost first: each its
+    own, then (two description loops or more) the last two sharing one (a split)."""
+    own = list(itertools.permutations(reversed(red_p), len(red_d)))
+    if len(red_d) < 2:
+        return own
+    return own + [(*r, r[-1]) for r in itertools.permutations(reversed(red_p), len(red_d) - 1)]
+
+
+def split(mapping: Mapping) -> tuple[str, str, str] | None:
+    """(outer, inner, program loop) where `mapping` splits a program loop across two
+    description loops; None where each takes its own."""
+    for (d0, p0), (d1, p1) in zip(mapping.loops, mapping.loops[1:]):
+        if p0 == p1:
+            return d0, d1, p0
+    return None
 
 
 # ------------------------------------------------------------------ expressions
@@ -236,6 +257,12 @@ def _feasible(db: N.Block, pb: N.Block, bindings: dict[str, str], loops: dict[st
             if d_loop not in d_uses and p_loop in p_uses:
                 return None
     return broadcast
+
+
+def kinds(block: N.Block) -> tuple[list[str], list[str]]:
+    """A leaf block's loops as (data-parallel, reduction), as the inspector sees them."""
+    out = output(block)
+    return _kinds(block, out) if out is not None else ([], [])
 
 
 def _kinds(block: N.Block, out: N.Refinement) -> tuple[list[str], list[str]]:

@@ -207,6 +207,9 @@ class Lowering:
         if blk.schedule.tensorize is not None:
             from polytile.loops import tensorize
             return tensorize.lower_block(self, blk, outer)
+        if blk.schedule.tiles is not None:
+            from polytile.loops import tiles
+            return tiles.lower_block(self, blk, outer)
         if blk.schedule.mma is not None:
             from polytile.loops import warp_mma
             return warp_mma.lower_block(self, blk, outer)

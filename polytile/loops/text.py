@@ -150,6 +150,6 @@ def _stmts(stmts: tuple[L.Stmt, ...], depth: int) -> list[str]:
                        f"{st.buffer}[{st.offset}] = {st.value} (lane {st.lane})")
         else:
             assert isinstance(st, L.Instruction)
-            out.append(f"{pad}{', '.join(st.outputs)} = instruction {st.name}"
-                       f"({', '.join(st.inputs)})")
+            results = f"{', '.join(st.outputs)} = " if st.outputs else ""
+            out.append(f"{pad}{results}instruction {st.name}({', '.join(st.inputs)})")
     return out

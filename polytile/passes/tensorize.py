@@ -70,7 +70,7 @@ from polytile.errors import UnsupportedError
 from polytile.ir import nodes as N
 from polytile.ir import polyhedra
 from polytile.isa import Description, descriptions
-from polytile.isa.inspect import mappings, output, uses
+from polytile.isa.inspect import kinds, mappings, output, split, uses
 from polytile.passes.autotile import PARALLEL_MIN_WORK, work
 from polytile.passes.pack import unit_dim
 from polytile.passes.pipeline import between, count, flag, register
@@ -85,17 +85,20 @@ def tensorize(fn: N.Function, target: Target, params: dict[str, Any]) -> N.Funct
                                "lane-dot instructions; a cuda target runs Tensor Cores "
                                "(mma.sync) through pass tensor_cores",
                                hint="name tensor_cores instead of tensorize in the target's passes")
-    usable = sorted((d for d in descriptions() if target.has(d.feature)
-                     and target.backend in d.definition.forms and lane_dot(d)),
+    runs = [d for d in descriptions() if target.has(d.feature)
+            and target.backend in d.definition.forms]
+    usable = sorted((d for d in runs if lane_dot(d)),
                     key=lambda d: (-d.operand_types[0].lanes, d.name))   # most products first
-    if not usable:
+    tiles = [d for d in runs if matrix(d)] if params.get("tiles", True) else []
+    if not usable and not tiles:
         return fn
     keep = params.get("keep", True)
     chains = params.get("chains", CHAINS)
     choice = Choice(params.get("mapping", 0),
                     params.get("rows", 0) or default_rows(target, chains), chains,
                     params.get("parallel", True))
-    stmts = tuple(_tensorized(s, usable, choice, keepable(fn) if keep else frozenset())
+    stmts = tuple(_tiled(s, tiles, choice.parallel)
+                  or _tensorized(s, usable, choice, keepable(fn) if keep else frozenset())
                   if isinstance(s, N.Block) else s for s in fn.body.stmts)
     return replace(fn, body=replace(fn.body, stmts=stmts))
 
@@ -124,8 +127,44 @@ def lane_dot(d: Description) -> bool:
         return False
     a, b = d.operand_types
     reads = ins == (outs[0], a, b) if d.accumulates else ins == (a, b)
+    par, red = kinds(d.reduction)
     return (reads and d.aggregation == "add" and a.lanes == b.lanes
-            and a.lanes % outs[0].lanes == 0)
+            and a.lanes % outs[0].lanes == 0 and len(par) == 1 and len(red) == 1)
+
+
+def matrix(d: Description) -> bool:
+    """A matrix instruction on tiles (AMX): it reads its accumulator, adds the products
+    of two operands along M and N loops and two reduction loops (groups and the values
+    of a group, which the inspector maps onto one program loop), and is not a warp's."""
+    par, red = kinds(d.reduction)
+    return (d.accumulates and len(d.operands) == 2 and d.aggregation == "add"
+            and len(par) == 2 and len(red) == 2 and not d.definition.warp)
+
+
+def _tiled(block: N.Block, tiles: list[Description], threads: bool) -> N.Block | None:
+    """`block` on the first of `tiles` (AMX) that computes it and that polytile.loops.tiles
+    can lay out: a split mapping, no operand broadcast, no reduction loop besides the
+    split one, every subscript a plain index (or a constant); None if none does."""
+    if not tiles or not {"kernel", "contraction"} <= block.tags or block.constraints \
+            or any(isinstance(s, N.Block) for s in block.stmts):
+        return None
+    out = output(block)
+    if out is None:
+        return None
+    loops = {i.name for i in block.idxs if i.affine is None}
+    for d in tiles:
+        for m in mappings(block, d.name, d.reduction):
+            rows, cols, red, _ = (p for _, p in m.loops)
+            if split(m) is None or m.broadcast or kinds(block)[1] != [red] \
+                    or not all(_plain(r, loops) for r in (out, *(block.ref(v) for _, v in
+                                                                m.operands))):
+                continue
+            parallel = rows if threads and work(block) >= PARALLEL_MIN_WORK \
+                and polyhedra.writes_disjoint(block, rows) else None
+            tags = (block.tags - {"kernel", "contraction"}) | {"tensorized"}
+            return replace(block, tags=tags, schedule=N.BlockSchedule(
+                parallel=parallel, tiles=N.Tiled(d.name, rows, cols, red)))
+    return None
 
 
 # A matmul of at most FEW_ROWS rows and at least MANY_LANES lanes runs its blocks of
@@ -227,5 +266,5 @@ def _record(block: N.Block, t: N.Tensorized, threads: bool) -> N.Block:
     return replace(block, tags=tags, schedule=N.BlockSchedule(parallel=parallel, tensorize=t))
 
 
-register("tensorize", tensorize, enabled=flag, keep=flag, mapping=count,
+register("tensorize", tensorize, enabled=flag, keep=flag, tiles=flag, mapping=count,
          rows=between(0, 2 * ROWS), chains=between(1, 2 * CHAINS), parallel=flag)

@@ -10,9 +10,11 @@ running it needs the hardware.
 """
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import platform
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from importlib import resources
@@ -111,15 +113,41 @@ def load_target(name: str) -> Target:
 
 @lru_cache(maxsize=1)
 def host_features() -> frozenset[str]:
-    """CPU feature flags of this machine (Linux /proc/cpuinfo; empty elsewhere)."""
+    """CPU feature flags of this machine that a kernel may use (Linux /proc/cpuinfo;
+    empty elsewhere): without AMX's where Linux does not give this process the tile data
+    (`usable`)."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
             for line in f:
                 if line.startswith("flags"):
-                    return frozenset(line.split(":", 1)[1].split())
+                    return usable(frozenset(line.split(":", 1)[1].split()), amx_permitted)
     except OSError:
         pass
     return frozenset()
+
+
+# Linux x86-64: arch_prctl's number and its request for permission to use an extended
+# state component, the AMX tile data's (XFEATURE_XTILEDATA).
+SYS_ARCH_PRCTL, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA = 158, 0x1023, 18
+
+
+def usable(flags: frozenset[str], permitted: Callable[[], bool]) -> frozenset[str]:
+    """`flags` without the AMX features when the CPU has AMX but `permitted()` says Linux
+    refuses this process its tile data (a kernel before 5.16, or a signal stack too small
+    for it): an AMX instruction would then fault, so no kernel may choose one."""
+    if "amx_tile" in flags and not permitted():
+        return frozenset(f for f in flags if not f.startswith("amx_"))
+    return flags
+
+
+def amx_permitted() -> bool:
+    """Ask Linux for the AMX tile data for this process (once is enough; the kernels'
+    setup asks again, harmlessly): whether it granted it."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.syscall(SYS_ARCH_PRCTL, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0
+    except (OSError, AttributeError):
+        return False
 
 
 _CACHE_DIR = "/sys/devices/system/cpu/cpu0/cache"

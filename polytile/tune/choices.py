@@ -62,6 +62,8 @@ PIPELINE_CHOICES: dict[str, tuple[Any, ...]] = {
     "tensorize.mapping": (0, 1, 2, 3),
     "tensorize.parallel": (True, False),
     "tensorize.rows": (0, 2, 3, 4, 6),
+    # A matrix instruction on tiles (AMX) where the target has one, or the lane-dot ones.
+    "tensorize.tiles": (True, False),
     # GPU targets (TC §6: block sizes, promotion on/off, mapped dimensions); the grid
     # follows from the work-group size and the extents.
     "gpu.threads": (64, 32, 128, 256),

@@ -33,7 +33,29 @@ def test_a_u8_s8_matmul_is_vpdpbusd_two_ways_and_vpmaddwd_widened() -> None:
                      f"{name}: l -> n, k -> k; a = A (broadcast, widened), b = B (widened)"
                      for name in ("vpmaddwd_512", "vpmaddwd_256")} | {
                      f"{name}: l -> m, k -> k; a = A (widened), b = B (broadcast, widened)"
-                     for name in ("vpmaddwd_512", "vpmaddwd_256")}
+                     for name in ("vpmaddwd_512", "vpmaddwd_256")} | {
+                     # AMX: its groups g and a group's 4 bytes t both take k (k = 4 g + t)
+                     "tdpbusd_amx: m -> m, n -> n, g -> k, t -> k; a = A, b = B"}
+
+
+def test_two_reduction_loops_of_a_description_split_one_of_the_program() -> None:
+    """A split takes the description's last two reduction loops onto one program loop
+    (AMX's groups and a group's values); a program with two reduction loops of its own
+    also gets them one each, and a description of one reduction loop never splits."""
+    found = matches("def mm(bfloat16(B,M,K) A, bfloat16(B,K,N) W) -> (C) {\n"
+                    "  C(b,m,n) +=! float(A(b,m,k)) * float(W(b,k,n))\n}",
+                    A=(2, 8, 12), W=(2, 12, 32))
+    assert {t for t in found if "amx" in t} == {
+        "tdpbf16ps_amx: m -> m, n -> n, g -> k, t -> k; a = A, b = W"}
+    two = matches("def mm(bfloat16(M,K,J) A, bfloat16(K,J,N) B) -> (C) {\n"
+                  "  C(m,n) +=! float(A(m,k,j)) * float(B(k,j,n))\n}",
+                  A=(8, 12, 2), B=(12, 2, 32))
+    assert {t for t in two if "amx" in t} == {
+        "tdpbf16ps_amx: m -> m, n -> n, g -> k, t -> j; a = A, b = B",
+        "tdpbf16ps_amx: m -> m, n -> n, g -> j, t -> k; a = A, b = B",
+        "tdpbf16ps_amx: m -> m, n -> n, g -> j, t -> j; a = A, b = B",
+        "tdpbf16ps_amx: m -> m, n -> n, g -> k, t -> k; a = A, b = B"}
+    assert not any(t.count("-> k") > 1 for t in two if "vdpbf16ps" in t)
 
 
 def test_operands_in_the_other_order_still_match() -> None:
@@ -45,14 +67,14 @@ def test_operands_in_the_other_order_still_match() -> None:
 @pytest.mark.parametrize("source, wanted", [
     ("def mm(int8(M,K) A, int8(K,N) B) -> (C) {\n  C(m,n) +=! int32(A(m,k)) * int32(B(k,n))\n}",
      {"sdot_neon", "vpmaddwd_256", "vpmaddwd_512",        # s8 widens to s16 exactly
-      "mma_s8_m16n8k32"}),
+      "mma_s8_m16n8k32", "tdpbssd_amx"}),
     (("def mm(uint8(M,K) A, int16(K,N) B) -> (C) {\n"
       "  C(m,n) +=! int32(A(m,k)) * int32(B(k,n))\n}"), {"vpmaddwd_256", "vpmaddwd_512"}),
     (("def mm(uint16(M,K) A, int16(K,N) B) -> (C) {\n"     # u16 does not fit in s16
       "  C(m,n) +=! int32(A(m,k)) * int32(B(k,n))\n}"), set()),
     (("def mm(int8(M,K) A, uint8(K,N) B) -> (C) {\n"       # vpdpbusd's a = B, b = A
       "  C(m,n) +=! int32(A(m,k)) * int32(B(k,n))\n}"),
-     {"vpdpbusd_256", "vpdpbusd_512", "vpmaddwd_256", "vpmaddwd_512"}),
+     {"vpdpbusd_256", "vpdpbusd_512", "vpmaddwd_256", "vpmaddwd_512", "tdpbusd_amx"}),
     (("def mm(int8(M,K) A, int8(K,N) B) -> (C) {\n"        # int16 products: not int32's
       "  C(m,n) +=! int16(A(m,k)) * int16(B(k,n))\n}"), set()),
     (("def mm(uint8(M,K) A, uint8(K,N) B) -> (C) {\n"
@@ -60,7 +82,8 @@ def test_operands_in_the_other_order_still_match() -> None:
     (("def mm(int16(M,K) A, int16(K,N) B) -> (C) {\n"
       "  C(m,n) +=! int32(A(m,k)) * int32(B(k,n))\n}"), {"vpmaddwd_256", "vpmaddwd_512"}),
     (("def mm(bfloat16(M,K) A, bfloat16(K,N) B) -> (C) {\n"
-      "  C(m,n) +=! float(A(m,k)) * float(B(k,n))\n}"), {"vdpbf16ps_512", "mma_bf16_m16n8k16"}),
+      "  C(m,n) +=! float(A(m,k)) * float(B(k,n))\n}"), {"vdpbf16ps_512", "mma_bf16_m16n8k16",
+                                                          "tdpbf16ps_amx"}),
     ("def mm(float(M,K) A, float(K,N) B) -> (C) {\n  C(m,n) +=! A(m,k) * B(k,n)\n}", set()),
     (("def mm(uint8(M,K) A, int8(K,N) B) -> (C) {\n"
       "  C(m,n) +=! int32(A(m,k)) + int32(B(k,n))\n}"), set()),      # a sum is no product
@@ -139,6 +162,8 @@ def test_polytile_instructions_shows_the_mappings_of_a_file(tmp_path, capsys) ->
                     "  C(m,n) +=! int32(A(m,k)) * int32(B(k,n))\n}\n")
     assert cli_main(["instructions", str(path), "--sizes", "M=4,K=8,N=16"]) == 0
     out = capsys.readouterr().out
-    assert out.startswith("mm: 8 mappings\n")
+    assert out.startswith("mm: 9 mappings\n")
     assert "  statement 1 (line 2): vpdpbusd_512: l -> n, k -> k; a = A (broadcast), b = B" \
+        in out
+    assert "  statement 1 (line 2): tdpbusd_amx: m -> m, n -> n, g -> k, t -> k; a = A, b = B" \
         in out

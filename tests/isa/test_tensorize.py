@@ -46,6 +46,10 @@ S16 = ("def mm(int16(M,K) A, int16(K,N) B) -> (C) {\n"
 BATCHED = ("def bmm(int8(B,M,K) A, uint8(K,N) W) -> (C) {\n"
            "  C(b,m,n) +=! int32(A(b,m,k)) * int32(W(k,n))\n}")
 GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "loops"
+# An AVX-512 VNNI and BF16 machine without AMX (Cooper Lake; AMX's tiles take these
+# matmuls where the target has them: tests/isa/test_amx.py).
+VNNI_XEON = replace(inspection_target("cpu-avx512", frozenset()), features=frozenset(
+    f for f in inspection_target("cpu-avx512", frozenset()).features if not f.startswith("amx")))
 SIZES = [(1, 1, 1), (3, 9, 37), (5, 4, 16), (6, 13, 300), (64, 64, 64), (9, 130, 515)]
 
 
@@ -61,7 +65,7 @@ def schedules(fn) -> list:  # type: ignore[no-untyped-def]
 
 
 def test_the_widest_instruction_the_target_has_is_chosen() -> None:
-    avx512 = inspection_target("cpu-avx512", frozenset())
+    avx512 = VNNI_XEON
     (t,) = schedules(ir(I8, avx512, A=(64, 32), B=(32, 48)))
     assert (t.instruction, t.lane, t.reduction) == ("vpdpbusd_512", "i1", "i2")
     avx2 = load_target("cpu-avx2")
@@ -76,7 +80,7 @@ def test_the_widest_instruction_the_target_has_is_chosen() -> None:
 
 
 def test_the_ir_records_the_mapping_and_threads_and_round_trips() -> None:
-    fn = ir(I8, inspection_target("cpu-avx512", frozenset()), A=(512, 256), B=(256, 512))
+    fn = ir(I8, VNNI_XEON, A=(512, 256), B=(256, 512))
     text = format_function(fn)
     assert "#tensorized schedule(parallel(i0), first(), tensorize(vpdpbusd_512, i1, i2, 6, 4, kept))" in text
     assert format_function(parse_function(text)) == text
@@ -94,7 +98,7 @@ def test_the_init_of_zeros_folds_into_the_tensorized_tiles() -> None:
     """Pass fold: the tiles' sums start at 0 and are stored, so the init that zeroed the
     output (4 MiB of stores at 1024^2, then read back) runs nowhere; the verifier proves
     the fold again, and a first() without its init is refused."""
-    fn = ir(I8, inspection_target("cpu-avx512", frozenset()), A=(40, 70), B=(70, 90))
+    fn = ir(I8, VNNI_XEON, A=(40, 70), B=(70, 90))
     text = format_function(fn)
     assert "folded(s0)" in text and "first(), tensorize(vpdpbusd_512" in text
     loops = kernel_text(lower(fn))
@@ -102,7 +106,7 @@ def test_the_init_of_zeros_folds_into_the_tensorized_tiles() -> None:
     assert "var acc0: int32x16 = 0" in loops and "int32x16 = b2[" not in loops
     with pytest.raises(IRError, match="first\\(...\\) without an init"):
         verify(parse_function(text.replace(" schedule(folded(s0))", "")))
-    off = ir(I8, inspection_target("cpu-avx512", frozenset()), {"fold.enabled": False},
+    off = ir(I8, VNNI_XEON, {"fold.enabled": False},
              A=(40, 70), B=(70, 90))
     assert "first()" not in format_function(off)
 
@@ -111,7 +115,7 @@ def test_the_register_tile_fits_the_target_s_vector_registers() -> None:
     """Accumulators, one broadcast row and one result in registers: 6 x 4 of AVX-512's
     32 (with the 4 chunks of the packed operand, 29; a seventh row would spill), 3 x 4 of
     AVX2's 16."""
-    avx512 = inspection_target("cpu-avx512", frozenset())
+    avx512 = VNNI_XEON
     avx2 = replace(load_target("cpu-avx2"), features=frozenset({"avx2", "fma", "avx_vnni"}))
     for target, tile in ((avx512, (6, 4)), (avx2, (3, 4)), (AVX2_ONLY, (3, 4))):
         (t,) = schedules(ir(I8, target, A=(64, 32), B=(32, 48)))
@@ -121,14 +125,14 @@ def test_the_register_tile_fits_the_target_s_vector_registers() -> None:
 
 
 def test_it_can_be_switched_off() -> None:
-    avx512 = inspection_target("cpu-avx512", frozenset())
+    avx512 = VNNI_XEON
     assert schedules(ir(I8, avx512, {"tensorize.enabled": False}, A=(8, 8), B=(8, 16))) == []
     assert schedules(ir(CONV, avx512, {"tensorize.enabled": False}, I=(1, 8, 6, 6),
                         F=(16, 8, 3, 3))) == []
 
 
 def test_the_loop_interpreter_runs_the_instruction_descriptions() -> None:
-    fn = ir(I8, inspection_target("cpu-avx512", frozenset()), A=(5, 9), B=(9, 20))
+    fn = ir(I8, VNNI_XEON, A=(5, 9), B=(9, 20))
     assert schedules(fn)
     rng = np.random.default_rng(1)
     a = rng.integers(0, 256, (5, 9), dtype=np.uint8)
@@ -363,7 +367,7 @@ def test_the_tuning_options_pick_the_mapping_the_register_tile_and_the_threads()
     """The layable mappings in order, the widest instruction first (a mapping past the
     last is the last); the register tile as given (rows 0: as many as the registers
     hold beside the chains); threads over the outer loop or none."""
-    avx512 = inspection_target("cpu-avx512", frozenset())
+    avx512 = VNNI_XEON
 
     def tile(options: dict):  # type: ignore[no-untyped-def]
         fn = ir(I8, avx512, options, A=(512, 256), B=(256, 512))
@@ -387,7 +391,7 @@ def test_the_tuning_options_pick_the_mapping_the_register_tile_and_the_threads()
                                  {"tensorize.parallel": 1}])
 def test_tuning_options_from_outside_are_checked(bad: dict) -> None:
     with pytest.raises(pt.ArgumentError, match="option tensorize"):
-        check_pass_options(bad, inspection_target("cpu-avx512", frozenset()))
+        check_pass_options(bad, VNNI_XEON)
 
 
 @pytest.mark.parametrize("options", SETTINGS)
@@ -406,7 +410,7 @@ def test_every_tuning_setting_is_exact(options: dict) -> None:
             want_conv += np.einsum("nchw,kc->nkhw", x[:, :, r:r + 7, s:s + 7].astype(np.int64),
                                    w[:, :, r, s].astype(np.int64))
     cases = [(I8, {"A": a, "B": b}, want_mm), (CONV, {"I": x, "F": w}, want_conv)]
-    for target in (inspection_target("cpu-avx512", frozenset()), AVX2_ONLY):
+    for target in (VNNI_XEON, AVX2_ONLY):
         for source, arrays, want in cases:
             fn = ir(source, target, options, **{k: v.shape for k, v in arrays.items()})
             assert schedules(fn)
@@ -446,7 +450,7 @@ def test_a_matmul_of_few_rows_runs_its_blocks_of_lanes_in_threads() -> None:
     of the packed operand once, every row passing a block while it is in L2) instead of
     over panels of rows (each of which streams all of it); 512 rows stay on panels. The
     results are exact either way, on sizes that divide no tile or block."""
-    avx512 = inspection_target("cpu-avx512", frozenset())
+    avx512 = VNNI_XEON
 
     def parallel(m: int, n: int) -> tuple[str | None, str]:
         fn = ir(I8, avx512, A=(m, 256), B=(256, n))

@@ -5,6 +5,7 @@ what the reference interpreter does."""
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -172,13 +173,19 @@ I8 = "def mm(uint8(M,K) A, int8(K,N) B) -> (C) {\n  C(m,n) +=! int32(A(m,k)) * i
 def test_unit_s_tuning_space_is_genes_of_a_tensorized_contraction_only() -> None:
     """UNIT §IV-B: the mapping (vpdpbusd or vpmaddwd here), the register tile and the
     threads, where pass tensorize takes the contraction; none of them for a float32
-    matmul. Rows 6 builds what rows 0 builds on AVX-512 (six rows fit)."""
+    matmul. Rows 6 builds what rows 0 builds on AVX-512 (six rows fit). With AMX, its
+    tiles or the lane-dot instructions are one more choice."""
     target = inspection_target("cpu-avx512", frozenset())
     spec = specialize(analyze(parse(I8)).functions[0], {"A": (64, 40), "B": (40, 48)}, {})
+    lane_dot = {"tensorize.chains": (4, 2), "tensorize.mapping": (0, 1),
+                "tensorize.parallel": (True, False), "tensorize.rows": (0, 2, 3, 4)}
     genes = _pipeline_genes(_space(spec, target))
     assert {k: v for k, v in genes.items() if k.startswith("tensorize.")} == {
-        "tensorize.chains": (4, 2), "tensorize.mapping": (0, 1),
-        "tensorize.parallel": (True, False), "tensorize.rows": (0, 2, 3, 4)}
+        **lane_dot, "tensorize.tiles": (True, False)}
+    no_amx = replace(target, features=frozenset(f for f in target.features
+                                                if not f.startswith("amx")))
+    genes = _pipeline_genes(_space(spec, no_amx))
+    assert {k: v for k, v in genes.items() if k.startswith("tensorize.")} == lane_dot
     tmm = _pipeline_genes(_space(_spec(WORKLOADS["tmm 128x32x256"]), target))
     assert not any(k.startswith("tensorize.") for k in tmm)
     offered = {k: v for k, v in offered_choices(target, False).items()

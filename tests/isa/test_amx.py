@@ -1,0 +1,231 @@
+"""AMX's tiles on matmuls (pass `tensorize`'s `tiles`, polytile/loops/tiles.py): which
+contractions take them, what the IR records and the verifier checks, the loops, and that
+the kernels are exact (int8) or within float32 rounding (bfloat16) on sizes that divide
+no tile, strided and batched operands, in threads: in the loop interpreter, and compiled
+on the software AMX of amx_emulation.h on any host (on the real one where the host has
+it and Linux grants this process the tile data)."""
+from __future__ import annotations
+
+import os
+import subprocess
+from dataclasses import replace
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import polytile as pt
+from polytile.backends.c_x86 import CX86Backend
+from polytile.codegen.c import print_c
+from polytile.errors import IRError
+from polytile.ir.parser import parse_function
+from polytile.ir.printer import format_function
+from polytile.ir.verify import verify
+from polytile.isa import description
+from polytile.loops import interp
+from polytile.loops.lower import lower
+from polytile.loops.text import kernel_text
+from polytile.targets.target import host_features, inspection_target, load_target, usable
+
+from isa.test_tensorize import BF, GOLDEN, I8, S8, ir, schedules
+
+AMX = frozenset({"amx_tile", "amx_int8", "amx_bf16"})
+XEON = inspection_target("cpu-avx512", frozenset())          # every feature it declares
+VNNI_ONLY = replace(XEON, features=XEON.features - AMX)
+HEADER = Path(__file__).with_name("amx_emulation.h")
+U8_S8 = "def mm(int8(M,K) A, uint8(K,N) B) -> (C) {\n  C(m,n) +=! int32(A(m,k)) * int32(B(k,n))\n}"
+BATCHED = ("def bmm(bfloat16(B,M,K) A, bfloat16(B,K,N) W) -> (C) {\n"
+           "  C(b,m,n) +=! float(A(b,m,k)) * float(W(b,k,n))\n}")
+CONV = ("def qconv(uint8(N,C,H,W) I, int8(O,C,KH,KW) F) -> (Out) {\n"
+        "  Out(n,o,h,w) +=! int32(I(n,c,h+kh,w+kw)) * int32(F(o,c,kh,kw))\n}")
+INTRINSIC = {BF: "_tile_dpbf16ps", I8: "_tile_dpbusd", S8: "_tile_dpbssd",
+             U8_S8: "_tile_dpbusd"}
+TYPES = {BF: (ml_dtypes.bfloat16, ml_dtypes.bfloat16), I8: (np.uint8, np.int8),
+         S8: (np.int8, np.int8), U8_S8: (np.int8, np.uint8)}
+# rows, reduction, columns: none a multiple of a tile (16 x 16, 32 bfloat16 or 64 bytes of
+# reduction), one of exactly one tile, one of one row
+SIZES = [(1, 1, 1), (16, 32, 16), (17, 65, 33), (40, 130, 37), (3, 200, 70)]
+
+
+def tiles(fn):  # type: ignore[no-untyped-def]
+    return [s.schedule.tiles for s in fn.body.stmts if s.schedule.tiles is not None]
+
+
+def random(rng: np.random.Generator, dtype: type, shape: tuple[int, ...]) -> np.ndarray:
+    if np.dtype(dtype).kind in "iu":
+        info = np.iinfo(dtype)
+        return rng.integers(info.min, info.max, shape, dtype=dtype, endpoint=True)
+    return rng.standard_normal(shape).astype(dtype)
+
+
+def check(got: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:
+    """Integers bit for bit (int32 sums wrap); bfloat16 products within a float32
+    rounding per term of the largest magnitude (the tiles add in their own order)."""
+    if got.dtype.kind == "i":
+        want = np.matmul(a.astype(np.int64), b.astype(np.int64))
+        np.testing.assert_array_equal(got, ((want + 2**31) % 2**32 - 2**31).astype(np.int32))
+    else:
+        a64, b64 = a.astype(np.float64), b.astype(np.float64)
+        bound = np.matmul(np.abs(a64), np.abs(b64)) * a.shape[-1] * 2.0**-23 + 1e-30
+        assert np.all(np.abs(got - np.matmul(a64, b64)) <= bound)
+
+
+def test_amx_takes_the_matmuls_where_the_target_has_it() -> None:
+    for source, name in ((BF, "tdpbf16ps_amx"), (I8, "tdpbusd_amx"), (S8, "tdpbssd_amx")):
+        (t,) = tiles(ir(source, XEON, A=(40, 70), B=(70, 90)))
+        assert (t.instruction, t.rows, t.cols, t.reduction) == (name, "i0", "i1", "i2")
+        assert tiles(ir(source, VNNI_ONLY, A=(40, 70), B=(70, 90))) == []
+        off = ir(source, XEON, {"tensorize.tiles": False}, A=(40, 70), B=(70, 90))
+        assert tiles(off) == [] and schedules(off)          # the lane-dot ones instead
+    # s8 x u8: tdpbusd's unsigned a is B, so the tiles' rows run along the columns (n)
+    (t,) = tiles(ir(U8_S8, XEON, A=(40, 70), B=(70, 90)))
+    assert (t.instruction, t.rows, t.cols) == ("tdpbusd_amx", "i1", "i0")
+    # not built: a reduction besides the split one (a convolution's window)
+    conv = ir(CONV, XEON, I=(1, 32, 6, 6), F=(16, 32, 3, 3))
+    assert tiles(conv) == [] and schedules(conv)
+
+
+def test_the_ir_round_trips_and_the_verifier_checks_the_loops() -> None:
+    fn = ir(BF, XEON, A=(40, 70), B=(70, 90))
+    text = format_function(fn)
+    assert "#tensorized schedule(parallel(i0), tiles(tdpbf16ps_amx, i0, i1, i2))" in text
+    assert format_function(parse_function(text)) == text
+    verify(parse_function(text))
+    swapped = text.replace("tiles(tdpbf16ps_amx, i0, i1, i2)", "tiles(tdpbf16ps_amx, i1, i0, i2)")
+    with pytest.raises(IRError, match="does not compute there"):
+        verify(parse_function(swapped))
+    other = text.replace("tiles(tdpbf16ps_amx,", "tiles(tdpbusd_amx,")
+    with pytest.raises(IRError, match="does not compute there"):
+        verify(parse_function(other))
+
+
+def test_the_tile_loops_pack_both_operands_and_configure_each_thread() -> None:
+    """Golden loop IR (POLYTILE_UPDATE_GOLDEN=1 to accept a deliberate change): A and B
+    packed into zeroed tiles (B's pairs side by side), the setup and finish around each
+    thread's row of tiles, an output tile staged on the stack."""
+    kernel = lower(ir(BF, XEON, A=(20, 40), B=(40, 18)))
+    text = kernel_text(kernel)
+    path = GOLDEN / "bmm_amx.loops"
+    if os.environ.get("POLYTILE_UPDATE_GOLDEN"):
+        path.write_text(text)
+    assert text == path.read_text(), "the loop IR changed; see the docstring"
+    c = print_c(kernel).text
+    assert c.count("_tile_loadconfig") == 1 and c.count("_tile_dpbf16ps") == 1
+    assert c.count("_tile_release") == 1
+
+
+@pytest.mark.parametrize("source", [BF, I8, S8, U8_S8])
+@pytest.mark.parametrize("m, k, n", SIZES)
+def test_the_loop_interpreter_runs_the_tiles(source: str, m: int, k: int, n: int) -> None:
+    fn = ir(source, XEON, A=(m, k), B=(k, n))
+    assert tiles(fn) or 1 in (m, n, k)       # a loop of one iteration is no tile's loop
+    rng = np.random.default_rng(m * 1000 + k * 10 + n)
+    a_t, b_t = TYPES[source]
+    a, b = random(rng, a_t, (m, k)), random(rng, b_t, (k, n))
+    out = np.zeros((m, n), np.float32 if source == BF else np.int32)
+    buffers = {"p0": a, "p1": b, "o0": out}
+    interp.run(fn, buffers, lower(fn))
+    check(buffers["o0"], a, b)
+
+
+def test_the_loop_interpreter_runs_batched_tiles() -> None:
+    fn = ir(BATCHED, XEON, A=(3, 17, 40), W=(3, 40, 20))
+    (t,) = tiles(fn)
+    assert (t.rows, t.cols, t.reduction) == ("i1", "i2", "i3")
+    rng = np.random.default_rng(5)
+    a, w = random(rng, ml_dtypes.bfloat16, (3, 17, 40)), random(rng, ml_dtypes.bfloat16,
+                                                                (3, 40, 20))
+    buffers = {"p0": a, "p1": w, "o0": np.zeros((3, 17, 20), np.float32)}
+    interp.run(fn, buffers, lower(fn))
+    check(buffers["o0"], a, w)
+
+
+# ---------------------------------------------------------------- compiled
+
+def amx_target():  # type: ignore[no-untyped-def]
+    """cpu-avx2 (which both kinds of our hosts run) with AMX's features in use."""
+    if not {"avx2", "fma"} <= host_features():
+        pytest.skip("this host has no AVX2 and FMA to run cpu-avx2 kernels")
+    base = load_target("cpu-avx2")
+    return replace(base, optional=base.optional + tuple(sorted(AMX)),
+                   features=host_features() | AMX)
+
+
+@pytest.fixture(params=["software", "hardware"])
+def amx(request, monkeypatch):  # type: ignore[no-untyped-def]
+    """Kernels built on the software AMX (any host), or for the real one (where the host
+    has AMX and Linux grants the tile data)."""
+    if request.param == "hardware":
+        if not AMX <= host_features():
+            pytest.skip("this host has no AMX (or Linux refuses its tile data): the AMX "
+                        "kernels run on the software AMX only")
+        return request.param
+    flags = CX86Backend.flags
+
+    def emulated(self, target, toolchain, sanitize):  # type: ignore[no-untyped-def]
+        return tuple(f for f in flags(self, target, toolchain, sanitize)
+                     if not f.startswith("-mamx")) + ("-include", str(HEADER))
+    monkeypatch.setattr(CX86Backend, "flags", emulated)
+    return request.param
+
+
+def compiled(source: str) -> pt.Module:
+    module = pt.define(source, target="cpu-avx2")
+    assert module.compiler is not None
+    module.compiler.target = amx_target()
+    return module
+
+
+@pytest.mark.parametrize("source", [BF, I8, S8, U8_S8])
+def test_compiled_tiles_compute_every_size(amx: str, source: str) -> None:
+    module = compiled(source)
+    fn = next(iter(module._functions.values()))
+    a_t, b_t = TYPES[source]
+    rng = np.random.default_rng(11)
+    for m, k, n in SIZES:
+        a, b = random(rng, a_t, (m, k)), random(rng, b_t, (k, n))
+        check(fn(a, b), a, b)
+    kernel = fn.compiled((a, b))
+    assert kernel is not None
+    assert INTRINSIC[source] in Path(kernel.source_path).read_text()
+
+
+def test_compiled_tiles_read_strided_and_batched_operands_in_threads(amx: str) -> None:
+    """Operands that are views with gaps (every other column, a transposed matrix), and a
+    batch; 130 rows are 9 row tiles, dealt out to the threads."""
+    rng = np.random.default_rng(12)
+    module = compiled(BF)
+    big = random(rng, ml_dtypes.bfloat16, (130, 2 * 77))
+    b = random(rng, ml_dtypes.bfloat16, (45, 77)).T
+    a = big[:, ::2]
+    check(module.bmm(a, b), a, b)
+    batched = compiled(BATCHED)
+    a3 = random(rng, ml_dtypes.bfloat16, (3, 17, 40))
+    w3 = random(rng, ml_dtypes.bfloat16, (3, 40, 20))
+    check(batched.bmm(a3, w3), a3, w3)
+
+
+def test_the_amx_kernels_compile_with_the_real_flags(tmp_path: Path) -> None:
+    """gcc emits the AMX instructions on any x86 host (run only where the host has AMX)."""
+    for source in (BF, I8):
+        c = tmp_path / "k.c"
+        c.write_text(print_c(lower(ir(source, XEON, A=(40, 70), B=(70, 90)))).text)
+        flags = [f for d in ("tdpbf16ps_amx", "tdpbusd_amx") for f in description(d).cflags]
+        subprocess.run(["gcc", "-O2", "-march=x86-64-v4", "-fopenmp", "-Wno-psabi", *flags,
+                        "-c", "-o", str(tmp_path / "k.o"), str(c)], check=True,
+                       capture_output=True, text=True)
+        dump = subprocess.run(["objdump", "-d", str(tmp_path / "k.o")], capture_output=True,
+                              text=True)
+        if dump.returncode == 0:
+            assert "ldtilecfg" in dump.stdout and "tilerelease" in dump.stdout
+            assert ("tdpbf16ps" if source == BF else "tdpbusd") in dump.stdout
+
+
+def test_amx_is_not_used_where_linux_refuses_the_tile_data() -> None:
+    flags = frozenset({"avx512f", "amx_tile", "amx_int8", "amx_bf16"})
+    assert usable(flags, lambda: True) == flags
+    assert usable(flags, lambda: False) == frozenset({"avx512f"})
+    asked = []
+    assert usable(frozenset({"avx2"}), lambda: asked.append(1) or True) == {"avx2"}
+    assert asked == []            # no AMX: Linux is not asked
