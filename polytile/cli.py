@@ -141,7 +141,7 @@ def cmd_show(args: argparse.Namespace) -> int:
 
         config = load_config()
         # What a call would compile: with the tuned options, if any; with --option, those.
-        compiler = Compiler(config, _shown_target(args.target or config.target),
+        compiler = Compiler(config, _shown_target(args.target or config.target, args.features),
                             options=options_from_text(args.option), tuned=tuned_lookup(config))
         if args.stage == "plan":
             _show_plan(compiler, _specialize(fn, args.sizes))
@@ -175,13 +175,28 @@ def _show_plan(compiler, spec) -> None:  # type: ignore[no-untyped-def]
           file=sys.stderr)
 
 
-def _shown_target(name: str | None):  # type: ignore[no-untyped-def]
-    """Any target, on any host: printing code needs no hardware. Says so on stderr when
-    this host could not run the code it prints."""
+def _shown_target(name: str | None, features: str | None = None):  # type: ignore[no-untyped-def]
+    """Any target, on any host: printing code needs no hardware. With `features` (a
+    comma-separated list of the target's optional features), for a machine that has
+    exactly those besides the required ones. Says so on stderr when this host could not
+    run the code it prints."""
+    from dataclasses import replace
+
     from polytile.targets.target import host_features, inspection_target, missing_features
 
     target = inspection_target(name)
+    if features is not None:
+        wanted = [f for f in (s.strip() for s in features.split(",")) if f]
+        unknown = [f for f in wanted if f not in target.optional]
+        if unknown:
+            raise PolytileError(f"target {target.name} has no optional feature "
+                                f"{', '.join(unknown)}",
+                                hint=f"its optional features: "
+                                     f"{', '.join(target.optional) or 'none'}")
+        target = replace(target, features=frozenset(target.requires) | frozenset(wanted))
     missing = missing_features(target, host_features())
+    if features is not None and not missing:
+        missing = sorted(f for f in target.features if f not in host_features())
     if missing:
         print(f"note: this host lacks {', '.join(missing)}: showing {target.name} code for a "
               f"machine with {', '.join(sorted(target.features)) or 'no optional features'} "
@@ -393,6 +408,10 @@ def main(argv: list[str] | None = None) -> int:
     show.add_argument("--function", default=None, help="only this function")
     show.add_argument("--target", default=None,
                       help="e.g. cpu-avx512, any target on any host (default: the host's best)")
+    show.add_argument("--features", default=None, metavar="F,...",
+                      help="print for a machine with these optional features of the target "
+                           "(and no others), e.g. --target cpu-avx512 --features "
+                           "amx_tile,amx_bf16")
     show.add_argument("--option", action="append", default=[], metavar="PASS.PARAM=VALUE",
                       help="a pass option instead of the tuned ones, e.g. fuse.strategy=rows "
                            "(repeatable)")

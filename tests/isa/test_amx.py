@@ -229,3 +229,19 @@ def test_amx_is_not_used_where_linux_refuses_the_tile_data() -> None:
     asked = []
     assert usable(frozenset({"avx2"}), lambda: asked.append(1) or True) == {"avx2"}
     assert asked == []            # no AMX: Linux is not asked
+
+
+def test_polytile_show_prints_the_tiles_for_a_machine_with_amx(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    from polytile.cli import main as cli_main
+    path = tmp_path / "mm.tc"
+    path.write_text(BF + "\n")
+    args = ["show", str(path), "--stage", "c", "--sizes", "M=40,K=70,N=37",
+            "--target", "cpu-avx512"]
+    assert cli_main([*args, "--features", "amx_tile,amx_bf16"]) == 0
+    shown = capsys.readouterr()
+    assert "_tile_dpbf16ps" in shown.out and "amx_bf16, amx_tile" in shown.err
+    assert cli_main([*args, "--features", "avx512_bf16"]) == 0
+    out = capsys.readouterr().out
+    assert "_tile_" not in out and "_mm512_dpbf16_ps" in out
+    assert cli_main([*args, "--features", "amx"]) == 1
+    assert "has no optional feature amx" in capsys.readouterr().err
