@@ -14,6 +14,8 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import polytile as pt
 from polytile.backends.c_x86 import CX86Backend
@@ -43,6 +45,9 @@ INTRINSIC = {BF: "_tile_dpbf16ps", I8: "_tile_dpbusd", S8: "_tile_dpbssd",
              U8_S8: "_tile_dpbusd"}
 TYPES = {BF: (ml_dtypes.bfloat16, ml_dtypes.bfloat16), I8: (np.uint8, np.int8),
          S8: (np.int8, np.int8), U8_S8: (np.int8, np.uint8)}
+TYPES_BY_NAME = {"bf16": (ml_dtypes.bfloat16, ml_dtypes.bfloat16, "float"),
+                 "u8s8": (np.uint8, np.int8, "int"), "s8s8": (np.int8, np.int8, "int"),
+                 "s8u8": (np.int8, np.uint8, "int")}
 # rows, reduction, columns: none a multiple of a tile (16 x 16, 32 bfloat16 or 64 bytes of
 # reduction), one of exactly one tile, one of one row
 SIZES = [(1, 1, 1), (16, 32, 16), (17, 65, 33), (40, 130, 37), (3, 200, 70)]
@@ -245,3 +250,41 @@ def test_polytile_show_prints_the_tiles_for_a_machine_with_amx(tmp_path: Path, c
     assert "_tile_" not in out and "_mm512_dpbf16_ps" in out
     assert cli_main([*args, "--features", "amx"]) == 1
     assert "has no optional feature amx" in capsys.readouterr().err
+
+
+LAYOUTS = {"A": ("m,k", "k,m"), "B": ("k,n", "n,k")}
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.sampled_from(sorted(TYPES_BY_NAME)), st.sampled_from(LAYOUTS["A"]),
+       st.sampled_from(LAYOUTS["B"]), st.booleans(), st.integers(2, 40), st.integers(2, 90),
+       st.integers(2, 40), st.integers(0, 2**31))
+def test_any_matmul_layout_on_the_tiles_matches_numpy(kind: str, a_at: str, b_at: str,
+                                                      batch: bool, m: int, k: int, n: int,
+                                                      seed: int) -> None:
+    """Transposed operands, a batch, any sizes: where the tiles take the matmul, the loop
+    interpreter computes it (exactly for integers)."""
+    a_t, b_t, ctype = TYPES_BY_NAME[kind]
+    a_type, b_type = (np.dtype(t).name if t is not ml_dtypes.bfloat16 else "bfloat16"
+                      for t in (a_t, b_t))
+    accumulate = "float" if ctype == "float" else "int32"
+    shape = {"m": "M", "k": "K", "n": "N"}
+    lead, lead_shape = ("b,", "B,") if batch else ("", "")
+    a_dims = lead_shape + ",".join(shape[i] for i in a_at.split(","))
+    b_dims = lead_shape + ",".join(shape[i] for i in b_at.split(","))
+    source = (f"def mm({a_type}({a_dims}) X, {b_type}({b_dims}) Y) -> (Z) {{\n"
+              f"  Z({lead}m,n) +=! {accumulate}(X({lead}{a_at})) * {accumulate}(Y({lead}{b_at}))\n}}")
+    sizes = {"m": m, "k": k, "n": n}
+    a_shape = ((3,) if batch else ()) + tuple(sizes[i] for i in a_at.split(","))
+    b_shape = ((3,) if batch else ()) + tuple(sizes[i] for i in b_at.split(","))
+    fn = ir(source, XEON, X=a_shape, Y=b_shape)
+    assert tiles(fn)
+    rng = np.random.default_rng(seed)
+    a, b = random(rng, a_t, a_shape), random(rng, b_t, b_shape)
+    out_shape = ((3,) if batch else ()) + (m, n)
+    buffers = {"p0": a, "p1": b, "o0": np.zeros(out_shape, np.float32 if ctype == "float"
+                                                 else np.int32)}
+    interp.run(fn, buffers, lower(fn))
+    a_mk = a if a_at == "m,k" else np.swapaxes(a, -1, -2)
+    b_kn = b if b_at == "k,n" else np.swapaxes(b, -1, -2)
+    check(buffers["o0"], a_mk, b_kn)
