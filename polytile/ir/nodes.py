@@ -271,12 +271,15 @@ class Tiled:
     group) both the block's `reduction`, split by the group's size (the inspector's
     mapping). Both operands are packed per call into the instruction's tiles, zero past
     the ends, and each output tile is accumulated over every step of the reduction
-    (polytile.loops.tiles). Other output indices loop around it."""
+    (polytile.loops.tiles). Other output indices loop around it. `kept`: the second
+    operand's tiles are kept between calls, packed again only when its values differ (as
+    `Tensorized.kept`; only where no other output index loops around the tiles)."""
 
     instruction: str
     rows: str
     cols: str
     reduction: str
+    kept: bool = False
 
 
 @dataclass(frozen=True)

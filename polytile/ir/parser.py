@@ -231,7 +231,7 @@ class _Parser(TokenCursor[_Token]):
                           "tensorize(instruction, i, k), "
                           "stage(k, tile, A, ..., pad = n), across(k, threads[, warp = n]), "
                           "stitch(for barrier, single, ...), mma(instruction, i, j, k, warps, warps, tiles, tiles), "
-                          "tiles(instruction, i, j, k), "
+                          "tiles(instruction, i, j, k[, kept]), "
                           "rows(r, threads[, warp = n], single barrier, across, spread, ...)")
         self.expect("(")
         if word in ("unroll", "order"):
@@ -337,7 +337,10 @@ class _Parser(TokenCursor[_Token]):
             for what in ("the rows index", "the columns index", "the reduction index"):
                 self.expect(",")
                 loops.append(self.name(what))
-            fields["tiles"] = Tiled(name, *loops)
+            kept = self.accept(",")
+            if kept:
+                self.expect_word("kept")
+            fields["tiles"] = Tiled(name, *loops, kept=kept)
         elif word == "boundary":
             fields["boundary"] = self.name("remainders or guarded")
         else:

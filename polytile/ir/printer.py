@@ -174,7 +174,8 @@ def format_schedule(s: BlockSchedule) -> str:
                      f"{w.warps_n}, {w.tiles_m}, {w.tiles_n})")
     if s.tiles is not None:
         w2 = s.tiles
-        items.append(f"tiles({w2.instruction}, {w2.rows}, {w2.cols}, {w2.reduction})")
+        items.append(f"tiles({w2.instruction}, {w2.rows}, {w2.cols}, {w2.reduction}"
+                     f"{', kept' if w2.kept else ''})")
     if s.stitch is not None:
         phases = (("for" if p.shared else "single") + (" barrier" if p.barrier else "")
                   for p in s.stitch.phases)

@@ -297,6 +297,11 @@ def _check_tiles(block: Block, w: Tiled, path: str) -> None:
     if others:
         raise _fail(path, f"the block runs on {w.instruction}'s tiles but reduces along "
                           f"{', '.join(others)} besides {w.reduction}")
+    around = [n for n in kinds(block)[0] if n not in (w.rows, w.cols)]
+    if w.kept and around:
+        raise _fail(path, f"the block keeps {w.instruction}'s packed tiles between calls, "
+                          f"but {', '.join(around)} loops around them (each value of it "
+                          "would pack them again)")
 
 
 def _check_mma(block: Block, w: WarpTiled, path: str) -> None:

@@ -30,9 +30,14 @@ of each group side by side, as AMX reads it. The interpreter runs the instructio
 description, so the loops are checked like any others; the C form runs on AMX, or in the
 tests on a software AMX (tests/isa/amx_emulation.h).
 
+With `kept` (pass tensorize: the second operand is a read-only parameter dense in
+memory, and no batch loops around), the second operand's tiles are a top-level local
+kept between calls, packed again only when the parameter's values differ from the ones
+they were packed from (polytile.loops.tensorize.kept): a weight packed once.
+
 Not built (docs/instructions.md, limits): a register tile of several accumulators (AMX
 has 8 tiles; each instruction here loads its accumulator, both operands and stores the
-result), keeping packed weights between calls, and packing in threads.
+result), and packing in threads.
 """
 from __future__ import annotations
 
@@ -41,6 +46,7 @@ from typing import TYPE_CHECKING
 from polytile.errors import IRError
 from polytile.ir.nodes import Affine, Block, Refinement
 from polytile.loops import nodes as L
+from polytile.loops.tensorize import kept
 from polytile.loops.views import Scope, child_view, fixed_indices, resolve, safe
 
 if TYPE_CHECKING:
@@ -96,15 +102,17 @@ def lower_block(low: Lowering, blk: Block, outer: Scope) -> list[L.Stmt]:
     packs: list[L.Stmt] = []
     buffers: list[L.Buffer] = []
     packed: dict[str, str] = {}
-    for d_name, t in zip(d.operands, operand_types):
+    for number, (d_name, t) in enumerate(zip(d.operands, operand_types)):
         d_ref, ref = d.reduction.ref(d_name), blk.ref(dict(mapping.operands)[d_name])
         d_uses = {n for a in d_ref.access for n in a.names}
         own, loop, tiles_p, size_p, tile_p = (dm, w.rows, mb_count, size_m, tm) \
             if dm in d_uses else (dn, w.cols, nb_count, size_n, tn)
         name = low.fresh("l")
         packed[d_name] = name
-        buffers.append(L.Buffer(name, t.dtype, tiles_p * kb_count * t.lanes, "heap", "global",
-                                "zero", label=f"{safe(ref.into)} in {w.instruction}'s tiles"))
+        size, label = tiles_p * kb_count * t.lanes, f"{safe(ref.into)} in {w.instruction}'s tiles"
+        keep = w.kept and number == 1
+        if not keep:
+            buffers.append(L.Buffer(name, t.dtype, size, "heap", "global", "zero", label=label))
         p, e, kb, g, v = (low.fresh("i") for _ in range(5))
         group = Affine.index(kb).scale(groups) + Affine.index(g)
         src = view(ref, {loop: Affine.index(p).scale(tile_p) + Affine.index(e),
@@ -126,7 +134,13 @@ def lower_block(low: Lowering, blk: Block, outer: Scope) -> list[L.Stmt]:
         fill = L.Loop(kb, Affine.constant(0), Affine.constant(kb_count), (fill,))
         fill = L.Loop(e, Affine.constant(0), upto(tile_p, Affine.index(p).scale(tile_p),
                                                   size_p), (fill,))
-        packs.append(L.Loop(p, Affine.constant(0), Affine.constant(tiles_p), (fill,)))
+        fill = L.Loop(p, Affine.constant(0), Affine.constant(tiles_p), (fill,))
+        if keep:          # zeroed and filled only when the values differ from the last
+            if batch:
+                raise IRError(f"block {blk.name} keeps {w.instruction}'s tiles between calls "
+                              f"but {', '.join(batch)} loops around them")
+            fill = kept(low, name, size, t.dtype, outer.views[ref.from_], [fill], label)
+        packs.append(fill)
 
     mb, nb, kb = low.fresh("i"), low.fresh("i"), low.fresh("i")
     stage = low.fresh("l")

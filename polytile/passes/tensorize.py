@@ -97,8 +97,8 @@ def tensorize(fn: N.Function, target: Target, params: dict[str, Any]) -> N.Funct
     choice = Choice(params.get("mapping", 0),
                     params.get("rows", 0) or default_rows(target, chains), chains,
                     params.get("parallel", True))
-    stmts = tuple(_tiled(s, tiles, choice.parallel)
-                  or _tensorized(s, usable, choice, keepable(fn) if keep else frozenset())
+    kept = keepable(fn) if keep else frozenset()
+    stmts = tuple(_tiled(s, tiles, choice.parallel, kept) or _tensorized(s, usable, choice, kept)
                   if isinstance(s, N.Block) else s for s in fn.body.stmts)
     return replace(fn, body=replace(fn.body, stmts=stmts))
 
@@ -141,10 +141,13 @@ def matrix(d: Description) -> bool:
             and len(par) == 2 and len(red) == 2 and not d.definition.warp)
 
 
-def _tiled(block: N.Block, tiles: list[Description], threads: bool) -> N.Block | None:
+def _tiled(block: N.Block, tiles: list[Description], threads: bool,
+           keep: frozenset[str]) -> N.Block | None:
     """`block` on the first of `tiles` (AMX) that computes it and that polytile.loops.tiles
     can lay out: a split mapping, no operand broadcast, no reduction loop besides the
-    split one, every subscript a plain index (or a constant); None if none does."""
+    split one, every subscript a plain index (or a constant); None if none does. The
+    second operand's tiles are kept between calls where it is one of `keep` and nothing
+    loops around the tiles."""
     if not tiles or not {"kernel", "contraction"} <= block.tags or block.constraints \
             or any(isinstance(s, N.Block) for s in block.stmts):
         return None
@@ -161,9 +164,11 @@ def _tiled(block: N.Block, tiles: list[Description], threads: bool) -> N.Block |
                 continue
             parallel = rows if threads and work(block) >= PARALLEL_MIN_WORK \
                 and polyhedra.writes_disjoint(block, rows) else None
+            second = block.ref(dict(m.operands)[d.operands[1]]).from_
+            kept = second in keep and set(kinds(block)[0]) == {rows, cols}
             tags = (block.tags - {"kernel", "contraction"}) | {"tensorized"}
             return replace(block, tags=tags, schedule=N.BlockSchedule(
-                parallel=parallel, tiles=N.Tiled(d.name, rows, cols, red)))
+                parallel=parallel, tiles=N.Tiled(d.name, rows, cols, red, kept)))
     return None
 
 

@@ -18,6 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import polytile as pt
+from isa.test_tensorize import BF, GOLDEN, I8, S8, ir, schedules
 from polytile.backends.c_x86 import CX86Backend
 from polytile.codegen.c import print_c
 from polytile.errors import IRError
@@ -29,8 +30,6 @@ from polytile.loops import interp
 from polytile.loops.lower import lower
 from polytile.loops.text import kernel_text
 from polytile.targets.target import host_features, inspection_target, load_target, usable
-
-from isa.test_tensorize import BF, GOLDEN, I8, S8, ir, schedules
 
 AMX = frozenset({"amx_tile", "amx_int8", "amx_bf16"})
 XEON = inspection_target("cpu-avx512", frozenset())          # every feature it declares
@@ -94,15 +93,29 @@ def test_amx_takes_the_matmuls_where_the_target_has_it() -> None:
 def test_the_ir_round_trips_and_the_verifier_checks_the_loops() -> None:
     fn = ir(BF, XEON, A=(40, 70), B=(70, 90))
     text = format_function(fn)
-    assert "#tensorized schedule(parallel(i0), tiles(tdpbf16ps_amx, i0, i1, i2))" in text
+    assert "#tensorized schedule(parallel(i0), tiles(tdpbf16ps_amx, i0, i1, i2, kept))" in text
     assert format_function(parse_function(text)) == text
     verify(parse_function(text))
-    swapped = text.replace("tiles(tdpbf16ps_amx, i0, i1, i2)", "tiles(tdpbf16ps_amx, i1, i0, i2)")
+    swapped = text.replace("tiles(tdpbf16ps_amx, i0, i1, i2", "tiles(tdpbf16ps_amx, i1, i0, i2")
     with pytest.raises(IRError, match="does not compute there"):
         verify(parse_function(swapped))
     other = text.replace("tiles(tdpbf16ps_amx,", "tiles(tdpbusd_amx,")
     with pytest.raises(IRError, match="does not compute there"):
         verify(parse_function(other))
+
+
+def test_weights_are_kept_packed_only_where_nothing_loops_around_the_tiles() -> None:
+    """B, a read-only parameter, keeps its tiles between calls; not with a batch loop
+    around the tiles (each batch would pack them again), which the verifier refuses, nor
+    with tensorize.keep off."""
+    (t,) = tiles(ir(BF, XEON, A=(40, 70), B=(70, 90)))
+    assert t.kept
+    assert not tiles(ir(BF, XEON, {"tensorize.keep": False}, A=(40, 70), B=(70, 90)))[0].kept
+    batched = ir(BATCHED, XEON, A=(3, 17, 40), W=(3, 40, 20))
+    assert not tiles(batched)[0].kept
+    text = format_function(batched).replace("i1, i2, i3)", "i1, i2, i3, kept)")
+    with pytest.raises(IRError, match="loops around them"):
+        verify(parse_function(text))
 
 
 def test_the_tile_loops_pack_both_operands_and_configure_each_thread() -> None:
@@ -196,6 +209,23 @@ def test_compiled_tiles_compute_every_size(amx: str, source: str) -> None:
     assert INTRINSIC[source] in Path(kernel.source_path).read_text()
 
 
+def test_kept_tiles_follow_the_weights_values(amx: str) -> None:
+    """The same weights: packed once; other values in the same array, or another array:
+    packed again (never stale)."""
+    rng = np.random.default_rng(13)
+    module = compiled(BF)
+    a = random(rng, ml_dtypes.bfloat16, (33, 70))
+    b = random(rng, ml_dtypes.bfloat16, (70, 45))
+    for _ in range(2):
+        check(module.bmm(a, b), a, b)
+    b[3, 4] = 100
+    check(module.bmm(a, b), a, b)
+    other = random(rng, ml_dtypes.bfloat16, (70, 45))
+    check(module.bmm(a, other), a, other)
+    kernel = module.bmm.compiled((a, b))
+    assert kernel is not None and "kept between calls" in Path(kernel.source_path).read_text()
+
+
 def test_compiled_tiles_read_strided_and_batched_operands_in_threads(amx: str) -> None:
     """Operands that are views with gaps (every other column, a transposed matrix), and a
     batch; 130 rows are 9 row tiles, dealt out to the threads."""
@@ -220,7 +250,8 @@ def test_the_amx_kernels_compile_with_the_real_flags(tmp_path: Path) -> None:
         subprocess.run(["gcc", "-O2", "-march=x86-64-v4", "-fopenmp", "-Wno-psabi", *flags,
                         "-c", "-o", str(tmp_path / "k.o"), str(c)], check=True,
                        capture_output=True, text=True)
-        dump = subprocess.run(["objdump", "-d", str(tmp_path / "k.o")], capture_output=True,
+        dump = subprocess.run(["objdump", "-d", str(tmp_path / "k.o")], check=False,
+                              capture_output=True,
                               text=True)
         if dump.returncode == 0:
             assert "ldtilecfg" in dump.stdout and "tilerelease" in dump.stdout
