@@ -102,7 +102,7 @@ def lower_block(low: Lowering, blk: Block, outer: Scope) -> list[L.Stmt]:
     packs: list[L.Stmt] = []
     buffers: list[L.Buffer] = []
     packed: dict[str, str] = {}
-    for number, (d_name, t) in enumerate(zip(d.operands, operand_types)):
+    for which, (d_name, t) in enumerate(zip(d.operands, operand_types)):
         d_ref, ref = d.reduction.ref(d_name), blk.ref(dict(mapping.operands)[d_name])
         d_uses = {n for a in d_ref.access for n in a.names}
         own, loop, tiles_p, size_p, tile_p = (dm, w.rows, mb_count, size_m, tm) \
@@ -110,7 +110,7 @@ def lower_block(low: Lowering, blk: Block, outer: Scope) -> list[L.Stmt]:
         name = low.fresh("l")
         packed[d_name] = name
         size, label = tiles_p * kb_count * t.lanes, f"{safe(ref.into)} in {w.instruction}'s tiles"
-        keep = w.kept and number == 1
+        keep = w.kept and which == 1
         if not keep:
             buffers.append(L.Buffer(name, t.dtype, size, "heap", "global", "zero", label=label))
         p, e, kb, g, v = (low.fresh("i") for _ in range(5))
