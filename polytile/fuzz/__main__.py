@@ -11,7 +11,8 @@ user's cache. `--target` compiles for another target than the host's best (the O
 backend on PoCL, cpu-generic's SSE code); a failure's first line names it, and
 `--replay` compiles for it again. `--option PASS.PARAM=VALUE` (repeatable; the value
 in JSON, or a bare word as a string) sets a pass option of the compiled side, checked
-against the target first, and is replayed too. The exit status is 1 when a case
+against the target first, and is replayed too; a `--target` or `--option` given with
+`--replay` takes the place of the file's. The exit status is 1 when a case
 failed, 2 when hypothesis is missing, an option is wrong or the target cannot run here.
 """
 from __future__ import annotations
@@ -91,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(err, file=sys.stderr)
                 return 2
             if args.replay:
-                return _replay(args.replay, config)
+                return _replay(args.replay, config, options, bool(args.target))
             programs = corpus(args.corpus if args.corpus is not None else default_corpus_paths())
             progress = None if args.quiet else (lambda line: print(line, file=sys.stderr,
                                                                    flush=True))
@@ -132,15 +133,19 @@ def _unusable(target: str) -> str | None:
     return None if outcome.kind == "accepted" else outcome.detail or outcome.kind
 
 
-def _replay(path: Path, config) -> int:  # type: ignore[no-untyped-def]
+def _replay(path: Path, config, options: dict[str, Any],  # type: ignore[no-untyped-def]
+            target_given: bool) -> int:
+    """The failure in `path` again, with its target and pass options; a `--target` or
+    `--option` of the command line takes the place of the file's (an option of the
+    file that the command line does not name stays)."""
     from polytile.fuzz.oracle import check_compiled, check_front_end, check_gradient
     text = path.read_text()
     seed = re.search(r"^# polytile\.fuzz (\S+) \S+ seed=(\d+)", text, re.MULTILINE)
     target = re.search(r"^# polytile\.fuzz \S+ \S+ seed=\d+ target=(\S+)", text, re.MULTILINE)
-    if target is not None:
+    if target is not None and not target_given:
         config = dataclasses.replace(config, target=target.group(1))
-    options = re.search(r"^# options: (.*)$", text, re.MULTILINE)
-    chosen = json.loads(options.group(1)) if options else None
+    recorded = re.search(r"^# options: (.*)$", text, re.MULTILINE)
+    chosen = {**(json.loads(recorded.group(1)) if recorded else {}), **options} or None
     outcome = check_front_end(text)
     print(f"front end: {outcome.kind} {outcome.detail}")
     if seed is not None and outcome.kind == "accepted":

@@ -171,6 +171,9 @@ def test_a_failure_on_another_target_replays_on_it(tmp_path, monkeypatch, capsys
     assert main(["--replay", str(path)]) == 0
     assert targets == ["cpu-generic"]
     assert "compile (seed 5): compared" in capsys.readouterr().out
+    # a target of the command line takes the place of the file's
+    assert main(["--replay", str(path), "--target", "cpu-avx2"]) == 0
+    assert targets[-1] == "cpu-avx2"
     # An unknown or unusable target stops the command before any case runs.
     assert main(["--target", "no-such-target", "--cases", "1"]) == 2
     assert "unknown target" in capsys.readouterr().err
@@ -195,6 +198,10 @@ def test_pass_options_reach_the_compiled_side_and_replay(tmp_path, monkeypatch, 
     assert main(["--replay", str(path)]) == 0
     assert seen == [{"fuse.strategy": "none"}]
     assert "compile (seed 5): compared" in capsys.readouterr().out
+    # an option of the command line takes the place of the file's, the others stay
+    assert main(["--replay", str(path), "--option", "fuse.strategy=max",
+                 "--option", "pack.enabled=false"]) == 0
+    assert seen[-1] == {"fuse.strategy": "max", "pack.enabled": False}
     # options are checked against the target before any case runs
     for bad in ("fuse.strategy=sideways", "fuse", "nosuchpass.x=1"):
         assert main(["--option", bad, "--cases", "1"]) == 2
