@@ -24,6 +24,7 @@ from polytile.sema import program as P
 from polytile.sema import ranges as R
 from polytile.sema import typing as T
 from polytile.sema.specialize import Specialized
+from polytile.sema.widen import widen_reductions
 
 AGG = {"=": "assign", "+=": "add", "*=": "mul", "max=": "max", "min=": "min"}
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
@@ -45,6 +46,7 @@ def ir_name(name: str) -> str:
 
 
 def lower(spec: Specialized) -> N.Function:
+    spec = widen_reductions(spec)       # float16 and bfloat16 reduce in float32
     fn = spec.fn
     env = spec.sizes
     read = {r.tensor for st in fn.statements for r in T.reads(st.rhs)}
