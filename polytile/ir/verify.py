@@ -282,26 +282,23 @@ def _check_tensorize(block: Block, t: Tensorized, path: str) -> None:
 
 def _check_tiles(block: Block, w: Tiled, path: str) -> None:
     """The inspector maps the instruction's M and N loops onto `rows` and `cols` and its
-    two reduction loops onto `reduction`, split, with neither operand broadcast; the block
-    has no reduction loop besides (what polytile.loops.tiles lays out)."""
+    two reduction loops onto `reduction`, split, with neither operand broadcast; kept
+    tiles belong to an operand that no loop around the tiles changes."""
     from polytile.isa import description
-    from polytile.isa.inspect import kinds, mappings, split
+    from polytile.isa.inspect import kinds, mappings, split, uses
     d = description(w.instruction)
-    if not any(split(m) is not None and [p for _, p in m.loops]
-               == [w.rows, w.cols, w.reduction, w.reduction] and not m.broadcast
-               for m in mappings(block, d.name, d.reduction)):
+    found = next((m for m in mappings(block, d.name, d.reduction)
+                  if split(m) is not None and [p for _, p in m.loops]
+                  == [w.rows, w.cols, w.reduction, w.reduction] and not m.broadcast), None)
+    if found is None:
         raise _fail(path, f"the schedule runs the block on {w.instruction}'s tiles with M, N "
                           f"and K along {w.rows}, {w.cols} and {w.reduction}, which the "
                           "instruction does not compute there")
-    others = [n for n in kinds(block)[1] if n != w.reduction]
-    if others:
-        raise _fail(path, f"the block runs on {w.instruction}'s tiles but reduces along "
-                          f"{', '.join(others)} besides {w.reduction}")
-    around = [n for n in kinds(block)[0] if n not in (w.rows, w.cols)]
+    second = block.ref(dict(found.operands)[d.operands[1]])
+    around = sorted(uses(second) & (set(kinds(block)[0]) - {w.rows, w.cols}))
     if w.kept and around:
         raise _fail(path, f"the block keeps {w.instruction}'s packed tiles between calls, "
-                          f"but {', '.join(around)} loops around them (each value of it "
-                          "would pack them again)")
+                          f"but {', '.join(around)} loops around them and changes them")
 
 
 def _check_mma(block: Block, w: WarpTiled, path: str) -> None:

@@ -24,6 +24,10 @@ never reads past an operand):
           stage = acc; the tile of C that exists = stage
         the instruction's finish (AMX: the tiles released)
 
+Other reductions (a convolution's window r, s) loop around the steps of K: each operand
+is packed per window position, tile ((p, window), kb), the input as im2col would; an
+operand that reads no batch loop (the weights) is packed once before the batch loops.
+
 pos_x is where the description's operand holds an element (its TC parameter flattened
 row-major): tdpbf16ps's a(m, g, t) and b(g, n, t), so that B's tile holds the T values
 of each group side by side, as AMX reads it. The interpreter runs the instruction's TC
@@ -41,6 +45,8 @@ result), and packing in threads.
 """
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from polytile.errors import IRError
@@ -55,7 +61,7 @@ if TYPE_CHECKING:
 
 def lower_block(low: Lowering, blk: Block, outer: Scope) -> list[L.Stmt]:
     from polytile.isa import description
-    from polytile.isa.inspect import kinds, mappings, output, split
+    from polytile.isa.inspect import kinds, mappings, output, split, uses
     w = blk.schedule.tiles
     assert w is not None
     d = description(w.instruction)
@@ -82,6 +88,26 @@ def lower_block(low: Lowering, blk: Block, outer: Scope) -> list[L.Stmt]:
     batch = [n for n in kinds(blk)[0] if n not in (w.rows, w.cols)]
     batch_vars = {n: low.fresh("i") for n in batch}
     at_batch = {n: Affine.index(v) for n, v in batch_vars.items()}
+    # The other reductions (a convolution's window) loop around the reduction's steps;
+    # each operand is packed per position of them, row-major: `windows` in all.
+    window = [n for n in kinds(blk)[1] if n != w.reduction]
+    windows = math.prod(loops[n] for n in window)
+
+    def window_loops() -> tuple[dict[str, Affine], Affine,
+                                Callable[[list[L.Stmt]], list[L.Stmt]]]:
+        """Fresh loop variables over the window: their values by index, the window's
+        position (row-major) and what puts a body into their loops."""
+        names = {n: low.fresh("i") for n in window}
+        place = Affine.constant(0)
+        for n in window:
+            place = place.scale(loops[n]) + Affine.index(names[n])
+
+        def wrap(body: list[L.Stmt]) -> list[L.Stmt]:
+            for n in reversed(window):
+                body = [L.Loop(names[n], Affine.constant(0), Affine.constant(loops[n]),
+                               tuple(body))]
+            return body
+        return {n: Affine.index(v) for n, v in names.items()}, place, wrap
 
     def view(ref: Refinement, at: dict[str, Affine]):  # type: ignore[no-untyped-def]
         return child_view(ref, outer.views[ref.from_], {**idx, **at_batch, **at})
@@ -98,8 +124,11 @@ def lower_block(low: Lowering, blk: Block, outer: Scope) -> list[L.Stmt]:
         `count`."""
         return L.IMin((Affine.constant(count), Affine.constant(total) - done))
 
-    # Each operand packed into tiles: tile (p, kb) for its M or N tile p.
+    # Each operand packed into tiles: tile ((p, window position), kb) for its M or N
+    # tile p; before the batch loops if it reads none of them (a convolution's weights),
+    # else inside them, for each batch.
     packs: list[L.Stmt] = []
+    hoisted: list[L.Stmt] = []
     buffers: list[L.Buffer] = []
     packed: dict[str, str] = {}
     for which, (d_name, t) in enumerate(zip(d.operands, operand_types)):
@@ -109,21 +138,24 @@ def lower_block(low: Lowering, blk: Block, outer: Scope) -> list[L.Stmt]:
             if dm in d_uses else (dn, w.cols, nb_count, size_n, tn)
         name = low.fresh("l")
         packed[d_name] = name
-        size, label = tiles_p * kb_count * t.lanes, f"{safe(ref.into)} in {w.instruction}'s tiles"
+        size = tiles_p * windows * kb_count * t.lanes
+        label = f"{safe(ref.into)} in {w.instruction}'s tiles"
         keep = w.kept and which == 1
         if not keep:
             buffers.append(L.Buffer(name, t.dtype, size, "heap", "global", "zero", label=label))
         p, e, kb, g, v = (low.fresh("i") for _ in range(5))
         group = Affine.index(kb).scale(groups) + Affine.index(g)
+        at_window, place, wrap = window_loops()
         src = view(ref, {loop: Affine.index(p).scale(tile_p) + Affine.index(e),
-                         w.reduction: group.scale(values) + Affine.index(v)})
+                         w.reduction: group.scale(values) + Affine.index(v), **at_window})
         value = low.fresh("s")
         put: list[L.Stmt] = [L.Let(value, L.VType(src.dtype), L.Read(src.ptr, src.offset))]
         if src.dtype != t.dtype:        # the inspector proved the widening exact
             wide = low.fresh("s")
             put.append(L.Let(wide, L.VType(t.dtype), L.Op("cast", (value,), t.dtype)))
             value = wide
-        base = (Affine.index(p).scale(kb_count) + Affine.index(kb)).scale(t.lanes)
+        base = ((Affine.index(p).scale(windows) + place).scale(kb_count)
+                + Affine.index(kb)).scale(t.lanes)
         put.append(L.Store(name, base + position(d_ref, {own: Affine.index(e),
                                                         dg: Affine.index(g),
                                                         dt: Affine.index(v)}), value))
@@ -133,14 +165,15 @@ def lower_block(low: Lowering, blk: Block, outer: Scope) -> list[L.Stmt]:
                                                   groups_k), (fill,))
         fill = L.Loop(kb, Affine.constant(0), Affine.constant(kb_count), (fill,))
         fill = L.Loop(e, Affine.constant(0), upto(tile_p, Affine.index(p).scale(tile_p),
-                                                  size_p), (fill,))
+                                                  size_p), tuple(wrap([fill])))
         fill = L.Loop(p, Affine.constant(0), Affine.constant(tiles_p), (fill,))
+        outside = not uses(ref) & set(batch)
         if keep:          # zeroed and filled only when the values differ from the last
-            if batch:
+            if not outside:
                 raise IRError(f"block {blk.name} keeps {w.instruction}'s tiles between calls "
-                              f"but {', '.join(batch)} loops around them")
+                              f"but they change with {', '.join(uses(ref) & set(batch))}")
             fill = kept(low, name, size, t.dtype, outer.views[ref.from_], [fill], label)
-        packs.append(fill)
+        (hoisted if outside else packs).append(fill)
 
     mb, nb, kb = low.fresh("i"), low.fresh("i"), low.fresh("i")
     stage = low.fresh("l")
@@ -165,17 +198,19 @@ def lower_block(low: Lowering, blk: Block, outer: Scope) -> list[L.Stmt]:
         raise IRError(f"{w.instruction}'s first operand does not read its M loop")
     operands = []
     steps: list[L.Stmt] = []
+    _, place, wrap = window_loops()
     for d_name, t, number in zip(d.operands, operand_types, (mb, nb)):
         x = low.fresh("v")
         steps.append(L.Let(x, t, L.Read(packed[d_name], (
-            Affine.index(number).scale(kb_count) + Affine.index(kb)).scale(t.lanes), t.lanes)))
+            (Affine.index(number).scale(windows) + place).scale(kb_count)
+            + Affine.index(kb)).scale(t.lanes), t.lanes)))
         operands.append(x)
     steps += [L.Instruction(d.name, (r,), (acc, *operands)), L.Assign(acc, L.Name(r))]
     accumulate = L.Alloc((L.Buffer(stage, acc_t.dtype, acc_t.lanes, "stack", init="zero",
                                    label="a tile of the output"),), (
         copy(True),
         L.Var(acc, acc_t, L.Read(stage, Affine.constant(0), acc_t.lanes)),
-        L.Loop(kb, Affine.constant(0), Affine.constant(kb_count), tuple(steps)),
+        *wrap([L.Loop(kb, Affine.constant(0), Affine.constant(kb_count), tuple(steps))]),
         L.Store(stage, Affine.constant(0), acc),
         copy(False)))
     around = {a.name.rsplit(".", 1)[1]: [L.Instruction(a.name, (), ())] for a in d.around}
@@ -188,5 +223,6 @@ def lower_block(low: Lowering, blk: Block, outer: Scope) -> list[L.Stmt]:
         nest = [L.Loop(batch_vars[name], Affine.constant(0), Affine.constant(loops[name]),
                        tuple(nest))]
     return [L.Comment(f"block {safe(blk.name)}: {w.instruction}'s tiles, M along {w.rows}, "
-                      f"N along {w.cols}, K along {w.reduction}"),
-            L.Alloc(tuple(buffers), tuple(nest))]
+                      f"N along {w.cols}, K along {w.reduction}"
+                      + (f" in each position of {', '.join(window)}" if window else "")),
+            L.Alloc(tuple(buffers), (*hoisted, *nest))]

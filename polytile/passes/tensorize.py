@@ -70,7 +70,7 @@ from polytile.errors import UnsupportedError
 from polytile.ir import nodes as N
 from polytile.ir import polyhedra
 from polytile.isa import Description, descriptions
-from polytile.isa.inspect import kinds, mappings, output, split, uses
+from polytile.isa.inspect import Mapping, kinds, mappings, output, split, uses
 from polytile.passes.autotile import PARALLEL_MIN_WORK, work
 from polytile.passes.pack import unit_dim
 from polytile.passes.pipeline import between, count, flag, register
@@ -143,32 +143,43 @@ def matrix(d: Description) -> bool:
 
 def _tiled(block: N.Block, tiles: list[Description], threads: bool,
            keep: frozenset[str]) -> N.Block | None:
-    """`block` on the first of `tiles` (AMX) that computes it and that polytile.loops.tiles
-    can lay out: a split mapping, no operand broadcast, no reduction loop besides the
-    split one, every subscript a plain index (or a constant); None if none does. The
-    second operand's tiles are kept between calls where it is one of `keep` and nothing
-    loops around the tiles."""
+    """`block` on the first of `tiles` (AMX) that computes it: a split mapping with no
+    operand broadcast (polytile.loops.tiles lays out any affine subscripts; other
+    reduction loops, a convolution's window, loop around the reduction's steps); None if
+    none does. Of several mappings, the one whose tiles the block fills best (a
+    convolution's groups along its channels, not along a window of 3). The second
+    operand's tiles are kept between calls where it is one of `keep` and reads no other
+    output loop (a convolution's weights)."""
     if not tiles or not {"kernel", "contraction"} <= block.tags or block.constraints \
             or any(isinstance(s, N.Block) for s in block.stmts):
         return None
-    out = output(block)
-    if out is None:
-        return None
-    loops = {i.name for i in block.idxs if i.affine is None}
+    ranges = {i.name: i.range for i in block.idxs}
     for d in tiles:
-        for m in mappings(block, d.name, d.reduction):
-            rows, cols, red, _ = (p for _, p in m.loops)
-            if split(m) is None or m.broadcast or kinds(block)[1] != [red] \
-                    or not all(_plain(r, loops) for r in (out, *(block.ref(v) for _, v in
-                                                                m.operands))):
-                continue
-            parallel = rows if threads and work(block) >= PARALLEL_MIN_WORK \
-                and polyhedra.writes_disjoint(block, rows) else None
-            second = block.ref(dict(m.operands)[d.operands[1]]).from_
-            kept = second in keep and set(kinds(block)[0]) == {rows, cols}
-            tags = (block.tags - {"kernel", "contraction"}) | {"tensorized"}
-            return replace(block, tags=tags, schedule=N.BlockSchedule(
-                parallel=parallel, tiles=N.Tiled(d.name, rows, cols, red, kept)))
+        found = [m for m in mappings(block, d.name, d.reduction)
+                 if split(m) is not None and not m.broadcast]
+        if not found:
+            continue
+        extent = {i.name: i.range for i in d.reduction.idxs}
+
+        def filled(m: Mapping) -> float:
+            """The share of the instruction's tiles the block's values fill."""
+            (_, rows), (_, cols), (g, red), (t, _) = m.loops
+            share = 1.0
+            for size, tile in ((ranges[rows], extent[m.loops[0][0]]),
+                               (ranges[cols], extent[m.loops[1][0]]),
+                               (ranges[red], extent[g] * extent[t])):
+                share *= size / (-(-size // tile) * tile)
+            return share
+        m = max(found, key=filled)          # the first of the best: innermost loops
+        rows, cols, red, _ = (p for _, p in m.loops)
+        parallel = rows if threads and work(block) >= PARALLEL_MIN_WORK \
+            and polyhedra.writes_disjoint(block, rows) else None
+        second = block.ref(dict(m.operands)[d.operands[1]])
+        around = set(kinds(block)[0]) - {rows, cols}
+        kept = second.from_ in keep and not uses(second) & around
+        tags = (block.tags - {"kernel", "contraction"}) | {"tensorized"}
+        return replace(block, tags=tags, schedule=N.BlockSchedule(
+            parallel=parallel, tiles=N.Tiled(d.name, rows, cols, red, kept)))
     return None
 
 

@@ -18,7 +18,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import polytile as pt
-from isa.test_tensorize import BF, GOLDEN, I8, S8, ir, schedules
 from polytile.backends.c_x86 import CX86Backend
 from polytile.codegen.c import print_c
 from polytile.errors import IRError
@@ -30,6 +29,8 @@ from polytile.loops import interp
 from polytile.loops.lower import lower
 from polytile.loops.text import kernel_text
 from polytile.targets.target import host_features, inspection_target, load_target, usable
+
+from .test_tensorize import BF, GOLDEN, I8, S8, ir, schedules
 
 AMX = frozenset({"amx_tile", "amx_int8", "amx_bf16"})
 XEON = inspection_target("cpu-avx512", frozenset())          # every feature it declares
@@ -85,9 +86,12 @@ def test_amx_takes_the_matmuls_where_the_target_has_it() -> None:
     # s8 x u8: tdpbusd's unsigned a is B, so the tiles' rows run along the columns (n)
     (t,) = tiles(ir(U8_S8, XEON, A=(40, 70), B=(70, 90)))
     assert (t.instruction, t.rows, t.cols) == ("tdpbusd_amx", "i1", "i0")
-    # not built: a reduction besides the split one (a convolution's window)
-    conv = ir(CONV, XEON, I=(1, 32, 6, 6), F=(16, 32, 3, 3))
-    assert tiles(conv) == [] and schedules(conv)
+    # a convolution: pixels along the tiles' rows, output channels along their columns,
+    # the groups along the channels (not along a window loop of 3: the tiles would be
+    # 3/64 full), the window around them; the weights, read by no other output loop,
+    # kept
+    (t,) = tiles(ir(CONV, XEON, I=(1, 32, 6, 6), F=(16, 32, 3, 3)))
+    assert (t.rows, t.cols, t.reduction, t.kept) == ("i3", "i1", "i4", True)
 
 
 def test_the_ir_round_trips_and_the_verifier_checks_the_loops() -> None:
@@ -145,6 +149,39 @@ def test_the_loop_interpreter_runs_the_tiles(source: str, m: int, k: int, n: int
     buffers = {"p0": a, "p1": b, "o0": out}
     interp.run(fn, buffers, lower(fn))
     check(buffers["o0"], a, b)
+
+
+CONVS = [  # (N, C, H, W), (O, C, KH, KW), stride
+    ((1, 32, 6, 6), (16, 32, 3, 3), 1), ((2, 70, 9, 19), (20, 70, 3, 3), 1),
+    ((1, 5, 11, 12), (3, 5, 1, 1), 1), ((1, 17, 13, 15), (33, 17, 3, 3), 2)]
+
+
+def conv_source(stride: int) -> str:
+    return CONV if stride == 1 else CONV.replace("h+kh,w+kw", f"{stride}*h+kh,{stride}*w+kw")
+
+
+def conv_reference(x: np.ndarray, f: np.ndarray, stride: int) -> np.ndarray:
+    n, _, h, w = x.shape
+    o, _, kh, kw = f.shape
+    oh, ow = (h - kh) // stride + 1, (w - kw) // stride + 1
+    out = np.zeros((n, o, oh, ow), np.int64)
+    for r in range(kh):
+        for s in range(kw):
+            patch = x[:, :, r:r + stride * oh:stride, s:s + stride * ow:stride].astype(np.int64)
+            out += np.einsum("nchw,oc->nohw", patch, f[:, :, r, s].astype(np.int64))
+    return ((out + 2**31) % 2**32 - 2**31).astype(np.int32)
+
+
+@pytest.mark.parametrize("x_shape, f_shape, stride", CONVS)
+def test_the_loop_interpreter_runs_convolutions_on_the_tiles(x_shape, f_shape, stride) -> None:  # type: ignore[no-untyped-def]
+    fn = ir(conv_source(stride), XEON, I=x_shape, F=f_shape)
+    assert tiles(fn)
+    rng = np.random.default_rng(sum(x_shape))
+    x, f = random(rng, np.uint8, x_shape), random(rng, np.int8, f_shape)
+    want = conv_reference(x, f, stride)
+    buffers = {"p0": x, "p1": f, "o0": np.zeros(want.shape, np.int32)}
+    interp.run(fn, buffers, lower(fn))
+    np.testing.assert_array_equal(buffers["o0"], want)
 
 
 def test_the_loop_interpreter_runs_batched_tiles() -> None:
@@ -224,6 +261,16 @@ def test_kept_tiles_follow_the_weights_values(amx: str) -> None:
     check(module.bmm(a, other), a, other)
     kernel = module.bmm.compiled((a, b))
     assert kernel is not None and "kept between calls" in Path(kernel.source_path).read_text()
+
+
+def test_compiled_convolutions_on_the_tiles(amx: str) -> None:
+    rng = np.random.default_rng(14)
+    for x_shape, f_shape, stride in CONVS:
+        module = compiled(conv_source(stride))
+        x, f = random(rng, np.uint8, x_shape), random(rng, np.int8, f_shape)
+        np.testing.assert_array_equal(module.qconv(x, f), conv_reference(x, f, stride))
+        kernel = module.qconv.compiled((x, f))
+        assert kernel is not None and "_tile_dpbusd" in Path(kernel.source_path).read_text()
 
 
 def test_compiled_tiles_read_strided_and_batched_operands_in_threads(amx: str) -> None:

@@ -26,12 +26,12 @@ from polytile.loops.lower import lower
 from polytile.loops.text import kernel_text
 from polytile.runtime.build import build_shared_object
 from polytile.runtime.toolchain import detect_toolchain
-from polytile.targets.target import host_features, inspection_target, load_target
+from polytile.targets.target import host_features, load_target
 
-from .test_tensorize import AVX2_ONLY, avx2_only, full_range, ir, schedules
+from .test_tensorize import AVX2_ONLY, VNNI_XEON, avx2_only, full_range, ir, schedules
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"
-AVX512 = inspection_target("cpu-avx512", frozenset())
+AVX512 = VNNI_XEON      # without AMX, whose tiles take convolutions too (test_amx.py)
 AVX_VNNI = replace(load_target("cpu-avx2"), features=frozenset({"avx2", "fma", "avx_vnni"}))
 TARGETS = {"vpmaddwd_256": AVX2_ONLY, "vpdpbusd_512": AVX512, "vpdpbusd_256": AVX_VNNI}
 
