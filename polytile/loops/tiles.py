@@ -12,9 +12,10 @@ never reads past an operand):
     block s0 [m:M, n:N, k:K] schedule(parallel(m), tiles(tdpbf16ps_amx, m, n, k)) (
       out C[m, n]:add   in A[m, k] bfloat16   in B[k, n] bfloat16 )
 
-->  for the other output loops (a batch), serial:
+->  Bp[(nb * KB + kb) * 512 + pos_b(g, n, t)] = B[32 kb + 2 g + t, 16 nb + n]
+      (before the batch loops where B reads none of them; else inside them, as Ap)
+    for the other output loops (a batch), serial:
       Ap[(mb * KB + kb) * 512 + pos_a(m, g, t)] = A[16 mb + m, 32 kb + 2 g + t]
-      Bp[(nb * KB + kb) * 512 + pos_b(g, n, t)] = B[32 kb + 2 g + t, 16 nb + n]
       for mb < ceil(M / 16) (in threads where the schedule says parallel(m)):
         the instruction's setup (AMX: the tile configuration, once per thread and panel)
         for nb < ceil(N / 16):
@@ -35,13 +36,14 @@ description, so the loops are checked like any others; the C form runs on AMX, o
 tests on a software AMX (tests/isa/amx_emulation.h).
 
 With `kept` (pass tensorize: the second operand is a read-only parameter dense in
-memory, and no batch loops around), the second operand's tiles are a top-level local
+memory that no batch loop changes), the second operand's tiles are a top-level local
 kept between calls, packed again only when the parameter's values differ from the ones
 they were packed from (polytile.loops.tensorize.kept): a weight packed once.
 
 Not built (docs/instructions.md, limits): a register tile of several accumulators (AMX
 has 8 tiles; each instruction here loads its accumulator, both operands and stores the
-result), and packing in threads.
+result), packing in threads, and threads over the batch loops (a convolution with
+one tile of pixels per image row runs in one thread).
 """
 from __future__ import annotations
 

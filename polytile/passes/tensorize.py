@@ -53,8 +53,18 @@ values differ from the ones it was packed from (polytile.loops.tensorize.kept): 
 tensor used by many calls is packed once, as fbgemm's prepacked weights are, and is never
 stale.
 
+A matrix instruction on tiles (AMX: `matrix`) comes first where the target has one: the
+inspector's split mapping (its groups and a group's values both on the block's
+reduction loop), the one whose tiles the block fills best (`filled`), recorded as
+`schedule(tiles(instruction, rows, cols, reduction[, kept]))` with `parallel(rows)` where
+the work pays for threads (polytile.loops.tiles lowers it; docs/instructions.md, "AMX"):
+
+    block s0 [i0:M, i1:N, i2:K] #contraction #kernel  ->  #tensorized schedule(parallel(i0),
+      (bfloat16 A, B; float32 C)                             tiles(tdpbf16ps_amx, i0, i1, i2, kept))
+
 Parameters: `enabled` (default true), `keep` (default true: record `kept` where it holds),
-and UNIT's tuning space (§IV-B), genes of the tuner (polytile.tune.choices): `mapping`
+`tiles` (default true: the matrix instructions where the target has one; false: the
+lane-dot ones only, a gene of the tuner), and UNIT's tuning space (§IV-B), genes of the tuner (polytile.tune.choices): `mapping`
 (default 0: which of the layable mappings, in the order above, the instructions' and
 their loops' choice; past the last, the last), `rows` and `chains` (the register tile,
 the inner loops unrolled; `rows` 0, the default: as many as the target's vector
@@ -153,24 +163,12 @@ def _tiled(block: N.Block, tiles: list[Description], threads: bool,
     if not tiles or not {"kernel", "contraction"} <= block.tags or block.constraints \
             or any(isinstance(s, N.Block) for s in block.stmts):
         return None
-    ranges = {i.name: i.range for i in block.idxs}
     for d in tiles:
         found = [m for m in mappings(block, d.name, d.reduction)
                  if split(m) is not None and not m.broadcast]
         if not found:
             continue
-        extent = {i.name: i.range for i in d.reduction.idxs}
-
-        def filled(m: Mapping) -> float:
-            """The share of the instruction's tiles the block's values fill."""
-            (_, rows), (_, cols), (g, red), (t, _) = m.loops
-            share = 1.0
-            for size, tile in ((ranges[rows], extent[m.loops[0][0]]),
-                               (ranges[cols], extent[m.loops[1][0]]),
-                               (ranges[red], extent[g] * extent[t])):
-                share *= size / (-(-size // tile) * tile)
-            return share
-        m = max(found, key=filled)          # the first of the best: innermost loops
+        m = max(found, key=lambda m: filled(block, d, m))   # the first of the best
         rows, cols, red, _ = (p for _, p in m.loops)
         parallel = rows if threads and work(block) >= PARALLEL_MIN_WORK \
             and polyhedra.writes_disjoint(block, rows) else None
@@ -181,6 +179,19 @@ def _tiled(block: N.Block, tiles: list[Description], threads: bool,
         return replace(block, tags=tags, schedule=N.BlockSchedule(
             parallel=parallel, tiles=N.Tiled(d.name, rows, cols, red, kept)))
     return None
+
+
+def filled(block: N.Block, d: Description, m: Mapping) -> float:
+    """The share of the tiles of matrix instruction `d` that `block`'s values fill under
+    mapping `m` (1: every size a multiple of the tile's)."""
+    ranges = {i.name: i.range for i in block.idxs}
+    extent = {i.name: i.range for i in d.reduction.idxs}
+    (dm, rows), (dn, cols), (g, red), (t, _) = m.loops
+    share = 1.0
+    for size, tile in ((ranges[rows], extent[dm]), (ranges[cols], extent[dn]),
+                       (ranges[red], extent[g] * extent[t])):
+        share *= size / (-(-size // tile) * tile)
+    return share
 
 
 # A matmul of at most FEW_ROWS rows and at least MANY_LANES lanes runs its blocks of
