@@ -16,7 +16,8 @@ never reads past an operand):
       (before the batch loops where B reads none of them; else inside them, as Ap)
     for the other output loops (a batch), serial:
       Ap[(mb * KB + kb) * 512 + pos_a(m, g, t)] = A[16 mb + m, 32 kb + 2 g + t]
-      for mb < ceil(M / 16) (in threads where the schedule says parallel(m)):
+      for mb < ceil(M / 16) (in threads where the schedule says parallel(m); or the
+                             batch loop the schedule names runs in threads):
         the instruction's setup (AMX: the tile configuration, once per thread and panel)
         for nb < ceil(N / 16):
           stage (16 x 16, on the stack, zero) = the tile of C that exists
@@ -42,8 +43,9 @@ they were packed from (polytile.loops.tensorize.kept): a weight packed once.
 
 Not built (docs/instructions.md, limits): a register tile of several accumulators (AMX
 has 8 tiles; each instruction here loads its accumulator, both operands and stores the
-result), packing in threads, and threads over the batch loops (a convolution with
-one tile of pixels per image row runs in one thread).
+result), and packing in threads. Where the schedule runs a batch loop in threads (pass
+tensorize: too few row tiles to share), the operands packed per batch have a buffer per
+batch, allocated (zeroed) inside it: each thread its own.
 """
 from __future__ import annotations
 
@@ -132,6 +134,9 @@ def lower_block(low: Lowering, blk: Block, outer: Scope) -> list[L.Stmt]:
     packs: list[L.Stmt] = []
     hoisted: list[L.Stmt] = []
     buffers: list[L.Buffer] = []
+    private: list[L.Buffer] = []      # packed for each batch in threads: each thread's own
+    threads = low.options.threads and not outer.parallel
+    in_batch = threads and blk.schedule.parallel in batch
     packed: dict[str, str] = {}
     for which, (d_name, t) in enumerate(zip(d.operands, operand_types)):
         d_ref, ref = d.reduction.ref(d_name), blk.ref(dict(mapping.operands)[d_name])
@@ -143,8 +148,10 @@ def lower_block(low: Lowering, blk: Block, outer: Scope) -> list[L.Stmt]:
         size = tiles_p * windows * kb_count * t.lanes
         label = f"{safe(ref.into)} in {w.instruction}'s tiles"
         keep = w.kept and which == 1
+        outside = not uses(ref) & set(batch)
         if not keep:
-            buffers.append(L.Buffer(name, t.dtype, size, "heap", "global", "zero", label=label))
+            (private if in_batch and not outside else buffers).append(
+                L.Buffer(name, t.dtype, size, "heap", "global", "zero", label=label))
         p, e, kb, g, v = (low.fresh("i") for _ in range(5))
         group = Affine.index(kb).scale(groups) + Affine.index(g)
         at_window, place, wrap = window_loops()
@@ -169,7 +176,6 @@ def lower_block(low: Lowering, blk: Block, outer: Scope) -> list[L.Stmt]:
         fill = L.Loop(e, Affine.constant(0), upto(tile_p, Affine.index(p).scale(tile_p),
                                                   size_p), tuple(wrap([fill])))
         fill = L.Loop(p, Affine.constant(0), Affine.constant(tiles_p), (fill,))
-        outside = not uses(ref) & set(batch)
         if keep:          # zeroed and filled only when the values differ from the last
             if not outside:
                 raise IRError(f"block {blk.name} keeps {w.instruction}'s tiles between calls "
@@ -216,15 +222,18 @@ def lower_block(low: Lowering, blk: Block, outer: Scope) -> list[L.Stmt]:
         L.Store(stage, Affine.constant(0), acc),
         copy(False)))
     around = {a.name.rsplit(".", 1)[1]: [L.Instruction(a.name, (), ())] for a in d.around}
-    threaded = low.options.threads and blk.schedule.parallel == w.rows and not outer.parallel
     nest: list[L.Stmt] = packs + [L.Loop(mb, Affine.constant(0), Affine.constant(mb_count), (
         *around.get("setup", []),
         L.Loop(nb, Affine.constant(0), Affine.constant(nb_count), (accumulate,)),
-        *around.get("finish", [])), "parallel" if threaded else "serial")]
+        *around.get("finish", [])),
+        "parallel" if threads and blk.schedule.parallel == w.rows else "serial")]
+    if private:         # zeroed per batch: the padding stays zero whatever the thread
+        nest = [L.Alloc(tuple(private), tuple(nest))]
     for name in reversed(batch):
         nest = [L.Loop(batch_vars[name], Affine.constant(0), Affine.constant(loops[name]),
-                       tuple(nest))]
+                       tuple(nest),
+                       "parallel" if threads and blk.schedule.parallel == name else "serial")]
     return [L.Comment(f"block {safe(blk.name)}: {w.instruction}'s tiles, M along {w.rows}, "
                       f"N along {w.cols}, K along {w.reduction}"
                       + (f" in each position of {', '.join(window)}" if window else "")),
-            L.Alloc(tuple(buffers), (*hoisted, *nest))]
+            *([L.Alloc(tuple(buffers), (*hoisted, *nest))] if buffers else [*hoisted, *nest])]

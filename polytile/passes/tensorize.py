@@ -170,8 +170,8 @@ def _tiled(block: N.Block, tiles: list[Description], threads: bool,
             continue
         m = max(found, key=lambda m: filled(block, d, m))   # the first of the best
         rows, cols, red, _ = (p for _, p in m.loops)
-        parallel = rows if threads and work(block) >= PARALLEL_MIN_WORK \
-            and polyhedra.writes_disjoint(block, rows) else None
+        parallel = _tile_threads(block, d, m) if threads and work(block) >= PARALLEL_MIN_WORK \
+            else None
         second = block.ref(dict(m.operands)[d.operands[1]])
         around = set(kinds(block)[0]) - {rows, cols}
         kept = second.from_ in keep and not uses(second) & around
@@ -179,6 +179,23 @@ def _tiled(block: N.Block, tiles: list[Description], threads: bool,
         return replace(block, tags=tags, schedule=N.BlockSchedule(
             parallel=parallel, tiles=N.Tiled(d.name, rows, cols, red, kept)))
     return None
+
+
+# Row tiles enough to share among threads; with fewer, a batch loop runs in threads.
+SHARED_ROW_TILES = 4
+
+
+def _tile_threads(block: N.Block, d: Description, m: Mapping) -> str | None:
+    """The loop of `block` on the tiles of `d` (mapping `m`) that runs in threads: its row
+    tiles where there are SHARED_ROW_TILES of them, else the outermost other output loop
+    of two iterations or more (a convolution's image rows, a batch), else the row tiles;
+    None where their iterations would write the same elements."""
+    ranges = {i.name: i.range for i in block.idxs}
+    rows, cols = m.loops[0][1], m.loops[1][1]
+    tile = {i.name: i.range for i in d.reduction.idxs}[m.loops[0][0]]
+    others = [n for n in kinds(block)[0] if n not in (rows, cols) and ranges[n] > 1]
+    order = [rows] if -(-ranges[rows] // tile) >= SHARED_ROW_TILES else others[:1] + [rows]
+    return next((n for n in order if polyhedra.writes_disjoint(block, n)), None)
 
 
 def filled(block: N.Block, d: Description, m: Mapping) -> float:

@@ -184,6 +184,23 @@ def test_the_loop_interpreter_runs_convolutions_on_the_tiles(x_shape, f_shape, s
     np.testing.assert_array_equal(buffers["o0"], want)
 
 
+def test_threads_take_the_row_tiles_or_else_a_batch_loop() -> None:
+    """9 row tiles: shared out; 2 (a batch of 17-row matmuls) or 1 (a convolution's image
+    row of 4 pixels): the batch or the image rows run in threads, each thread packing into
+    its own buffers (allocated inside the loop)."""
+    def parallel(fn):  # type: ignore[no-untyped-def]
+        (block,) = [s for s in fn.body.stmts if getattr(s, "schedule", None) is not None
+                    and s.schedule.tiles is not None]
+        return block.schedule.parallel
+    assert parallel(ir(BF, XEON, A=(130, 77), B=(77, 45))) == "i0"
+    batched = ir(BATCHED, XEON, A=(3, 17, 40), W=(3, 40, 20))
+    assert parallel(batched) == "i0"
+    conv = ir(CONV, XEON, I=(1, 32, 6, 6), F=(16, 32, 3, 3))
+    assert parallel(conv) == "i2"            # h: n has one iteration
+    text = kernel_text(lower(conv))
+    assert text.index("parallel for") < text.index("p0 in tdpbusd_amx's tiles")
+
+
 def test_the_loop_interpreter_runs_batched_tiles() -> None:
     fn = ir(BATCHED, XEON, A=(3, 17, 40), W=(3, 40, 20))
     (t,) = tiles(fn)
