@@ -76,9 +76,9 @@ class Description:
     # `<name>.setup` and `<name>.finish`, those of AROUND it has
     around: tuple[InstructionDef, ...] = ()
 
-    def has(self, step: str) -> bool:
-        """Whether the instruction has a `step` of AROUND ("setup" or "finish")."""
-        return any(a.name == f"{self.name}.{step}" for a in self.around)
+    def steps(self) -> dict[str, str]:
+        """The steps of AROUND it has ("setup", "finish") -> their instructions' names."""
+        return {a.name.rsplit(".", 1)[1]: a.name for a in self.around}
 
     @property
     def operands(self) -> tuple[str, ...]:

@@ -221,7 +221,7 @@ def lower_block(low: Lowering, blk: Block, outer: Scope) -> list[L.Stmt]:
         *wrap([L.Loop(kb, Affine.constant(0), Affine.constant(kb_count), tuple(steps))]),
         L.Store(stage, Affine.constant(0), acc),
         copy(False)))
-    around = {a.name.rsplit(".", 1)[1]: [L.Instruction(a.name, (), ())] for a in d.around}
+    around = {step: [L.Instruction(name, (), ())] for step, name in d.steps().items()}
     nest: list[L.Stmt] = packs + [L.Loop(mb, Affine.constant(0), Affine.constant(mb_count), (
         *around.get("setup", []),
         L.Loop(nb, Affine.constant(0), Affine.constant(nb_count), (accumulate,)),

@@ -109,7 +109,7 @@ def kernel(d: Description) -> L.Kernel:
     body: list[L.Stmt] = [L.Let(f"v{p}", t, L.Read(f"b{p}", START, t.lanes))
                           for p, t in enumerate(ins)]
     results = tuple(f"r{k}" for k in range(len(outs)))
-    around = {a.name.rsplit(".", 1)[1]: L.Instruction(a.name, (), ()) for a in d.around}
+    around = {step: L.Instruction(name, (), ()) for step, name in d.steps().items()}
     body += [*([around["setup"]] if "setup" in around else []),
              L.Instruction(d.name, results, tuple(f"v{p}" for p in range(len(ins)))),
              *([around["finish"]] if "finish" in around else [])]
