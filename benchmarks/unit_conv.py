@@ -96,7 +96,8 @@ def measure(number: int) -> tuple:  # type: ignore[type-arg]
     got = i8(x, w)
     assert np.array_equal(got, want.numpy().astype(np.int64).astype(np.int32)), number
     for kernel in i8._kernels.values():
-        used.update(re.findall(r"_mm\d*_(?:madd_epi16|dpbusd\w*)", kernel.source_path.read_text()))
+        used.update(re.findall(r"_mm\d*_(?:madd_epi16|dpbusd\w*)|_tile_dp\w+",
+                               kernel.source_path.read_text()))
     qx = torch.quantize_per_tensor(torch.from_numpy(xf), 1.0, 0, torch.quint8)
     qw = torch.quantize_per_tensor(torch.from_numpy(wf), 1.0, 0, torch.qint8)
     packed = torch.ops.quantized.conv2d_prepack(qw, None, [stride, stride], [0, 0], [1, 1], 1)

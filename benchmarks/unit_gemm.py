@@ -109,12 +109,14 @@ Af, Bf = rng.standard_normal((n, n), dtype=np.float32), rng.standard_normal((n, 
 Ab, Bb = Af.astype(ml_dtypes.bfloat16), Bf.astype(ml_dtypes.bfloat16)
 assert np.array_equal(i8(A, B), (A.astype(np.int64) @ B.astype(np.int64)).astype(np.int32))
 (kernel,) = i8._kernels.values()
-used = sorted(set(re.findall(r"_mm\d*_(?:madd_epi16|dpbusd\w*|dpbf16_ps)", kernel.source_path.read_text())))
+used = sorted(set(re.findall(r"_mm\d*_(?:madd_epi16|dpbusd\w*|dpbf16_ps)|_tile_dp\w+",
+                             kernel.source_path.read_text())))
 Ab1 = rng.standard_normal((64, 64), dtype=np.float32).astype(ml_dtypes.bfloat16)
 bf(Ab1, Ab1.T.copy())       # a small call names the bf16 path (the large one's C is the same kind)
 bf_text = "\n".join(k.source_path.read_text() for k in bf._kernels.values())
 bf_ir = "\n".join((k.source_path.parent / "stage-ir.txt").read_text() for k in bf._kernels.values())
-bf_used = ("vdpbf16ps" if "_mm512_dpbf16_ps" in bf_text else
+bf_used = ("AMX tdpbf16ps" if "_tile_dpbf16ps" in bf_text else
+           "vdpbf16ps" if "_mm512_dpbf16_ps" in bf_text else
            "fp32 FMA on operands widened when packed" if re.search(r"cast\(\$x\) : float32", bf_ir)
            else "not tensorized, not widened")
 # torch._int_mm takes s8 x s8: the same bytes, A shifted into the signed range
