@@ -108,7 +108,7 @@ def tensorize(fn: N.Function, target: Target, params: dict[str, Any]) -> N.Funct
                     params.get("rows", 0) or default_rows(target, chains), chains,
                     params.get("parallel", True))
     kept = keepable(fn) if keep else frozenset()
-    stmts = tuple(_tiled(s, tiles, choice.parallel, kept) or _tensorized(s, usable, choice, kept)
+    stmts = tuple(_tiled(s, tiles, choice, kept) or _tensorized(s, usable, choice, kept)
                   if isinstance(s, N.Block) else s for s in fn.body.stmts)
     return replace(fn, body=replace(fn.body, stmts=stmts))
 
@@ -151,13 +151,14 @@ def matrix(d: Description) -> bool:
             and len(par) == 2 and len(red) == 2 and not d.definition.warp)
 
 
-def _tiled(block: N.Block, tiles: list[Description], threads: bool,
+def _tiled(block: N.Block, tiles: list[Description], choice: Choice,
            keep: frozenset[str]) -> N.Block | None:
     """`block` on the first of `tiles` (AMX) that computes it: a split mapping with no
     operand broadcast (polytile.loops.tiles lays out any affine subscripts; other
     reduction loops, a convolution's window, loop around the reduction's steps); None if
-    none does. Of several mappings, the one whose tiles the block fills best (a
-    convolution's groups along its channels, not along a window of 3). The second
+    none does. Of several mappings, by default the one whose tiles the block fills best
+    (a convolution's groups along its channels, not along a window of 3); the gene
+    `mapping` picks another, in that order (a convolution's pixels along w or h). The second
     operand's tiles are kept between calls where it is one of `keep` and reads no other
     output loop (a convolution's weights)."""
     if not tiles or not {"kernel", "contraction"} <= block.tags or block.constraints \
@@ -168,10 +169,11 @@ def _tiled(block: N.Block, tiles: list[Description], threads: bool,
                  if split(m) is not None and not m.broadcast]
         if not found:
             continue
-        m = max(found, key=lambda m: filled(block, d, m))   # the first of the best
+        found.sort(key=lambda m: -filled(block, d, m))     # stable: innermost loops first
+        m = found[min(choice.mapping, len(found) - 1)]
         rows, cols, red, _ = (p for _, p in m.loops)
-        parallel = _tile_threads(block, d, m) if threads and work(block) >= PARALLEL_MIN_WORK \
-            else None
+        parallel = _tile_threads(block, d, m) \
+            if choice.parallel and work(block) >= PARALLEL_MIN_WORK else None
         second = block.ref(dict(m.operands)[d.operands[1]])
         around = set(kinds(block)[0]) - {rows, cols}
         kept = second.from_ in keep and not uses(second) & around

@@ -172,6 +172,21 @@ def conv_reference(x: np.ndarray, f: np.ndarray, stride: int) -> np.ndarray:
     return ((out + 2**31) % 2**32 - 2**31).astype(np.int32)
 
 
+def test_the_mapping_gene_picks_the_tiles_rows_along_another_loop() -> None:
+    """In the order of how well the tiles are filled: pixels along w (0) or h (1); the
+    groups along a window loop come last."""
+    picked = [tiles(ir(CONV, XEON, {"tensorize.mapping": k}, I=(1, 32, 6, 6),
+                       F=(16, 32, 3, 3)))[0] for k in range(4)]
+    assert [(t.rows, t.reduction) for t in picked] == [
+        ("i3", "i4"), ("i2", "i4"), ("i3", "i6"), ("i3", "i5")]
+    fn = ir(CONV, XEON, {"tensorize.mapping": 1}, I=(2, 40, 9, 7), F=(20, 40, 3, 3))
+    rng = np.random.default_rng(8)
+    x, f = random(rng, np.uint8, (2, 40, 9, 7)), random(rng, np.int8, (20, 40, 3, 3))
+    buffers = {"p0": x, "p1": f, "o0": np.zeros((2, 20, 7, 5), np.int32)}
+    interp.run(fn, buffers, lower(fn))
+    np.testing.assert_array_equal(buffers["o0"], conv_reference(x, f, 1))
+
+
 @pytest.mark.parametrize("x_shape, f_shape, stride", CONVS)
 def test_the_loop_interpreter_runs_convolutions_on_the_tiles(x_shape, f_shape, stride) -> None:  # type: ignore[no-untyped-def]
     fn = ir(conv_source(stride), XEON, I=x_shape, F=f_shape)
