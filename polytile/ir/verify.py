@@ -285,11 +285,9 @@ def _check_tiles(block: Block, w: Tiled, path: str) -> None:
     two reduction loops onto `reduction`, split, with neither operand broadcast; kept
     tiles belong to an operand that no loop around the tiles changes."""
     from polytile.isa import description
-    from polytile.isa.inspect import kinds, mappings, split, uses
+    from polytile.isa.inspect import kinds, tile_mapping, uses
     d = description(w.instruction)
-    found = next((m for m in mappings(block, d.name, d.reduction)
-                  if split(m) is not None and [p for _, p in m.loops]
-                  == [w.rows, w.cols, w.reduction, w.reduction] and not m.broadcast), None)
+    found = tile_mapping(block, d.name, d.reduction, w.rows, w.cols, w.reduction)
     if found is None:
         raise _fail(path, f"the schedule runs the block on {w.instruction}'s tiles with M, N "
                           f"and K along {w.rows}, {w.cols} and {w.reduction}, which the "

@@ -174,13 +174,19 @@ def _reductions(red_d: list[str], red_p: list[str]) -> list[tuple[str, ...]]:
     return own + [(*r, r[-1]) for r in itertools.permutations(reversed(red_p), len(red_d) - 1)]
 
 
-def split(mapping: Mapping) -> tuple[str, str, str] | None:
-    """(outer, inner, program loop) where `mapping` splits a program loop across two
-    description loops; None where each takes its own."""
-    for (d0, p0), (d1, p1) in zip(mapping.loops, mapping.loops[1:]):
-        if p0 == p1:
-            return d0, d1, p0
-    return None
+def splits(mapping: Mapping) -> bool:
+    """Whether `mapping` splits a program loop across two description loops."""
+    return any(p0 == p1 for (_, p0), (_, p1) in zip(mapping.loops, mapping.loops[1:]))
+
+
+def tile_mapping(block: N.Block, name: str, description: N.Block, rows: str, cols: str,
+                 reduction: str) -> Mapping | None:
+    """The mapping of a matrix instruction (AMX: `schedule(tiles(...))`) that takes its M
+    and N loops onto `rows` and `cols` and splits `reduction` across its two reduction
+    loops, with no operand broadcast; None if there is none."""
+    return next((m for m in mappings(block, name, description)
+                 if splits(m) and not m.broadcast
+                 and [p for _, p in m.loops] == [rows, cols, reduction, reduction]), None)
 
 
 # ------------------------------------------------------------------ expressions

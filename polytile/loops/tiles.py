@@ -65,13 +65,11 @@ if TYPE_CHECKING:
 
 def lower_block(low: Lowering, blk: Block, outer: Scope) -> list[L.Stmt]:
     from polytile.isa import description
-    from polytile.isa.inspect import kinds, mappings, output, split, uses
+    from polytile.isa.inspect import kinds, output, tile_mapping, uses
     w = blk.schedule.tiles
     assert w is not None
     d = description(w.instruction)
-    mapping = next((m for m in mappings(blk, d.name, d.reduction) if split(m) is not None
-                    and [p for _, p in m.loops] == [w.rows, w.cols, w.reduction, w.reduction]),
-                   None)
+    mapping = tile_mapping(blk, d.name, d.reduction, w.rows, w.cols, w.reduction)
     if mapping is None:
         raise IRError(f"block {blk.name} cannot run on {w.instruction}'s tiles along "
                       f"{w.rows}, {w.cols} and {w.reduction}")
@@ -140,9 +138,8 @@ def lower_block(low: Lowering, blk: Block, outer: Scope) -> list[L.Stmt]:
     packed: dict[str, str] = {}
     for which, (d_name, t) in enumerate(zip(d.operands, operand_types)):
         d_ref, ref = d.reduction.ref(d_name), blk.ref(dict(mapping.operands)[d_name])
-        d_uses = {n for a in d_ref.access for n in a.names}
         own, loop, tiles_p, size_p, tile_p = (dm, w.rows, mb_count, size_m, tm) \
-            if dm in d_uses else (dn, w.cols, nb_count, size_n, tn)
+            if dm in uses(d_ref) else (dn, w.cols, nb_count, size_n, tn)
         name = low.fresh("l")
         packed[d_name] = name
         size = tiles_p * windows * kb_count * t.lanes
@@ -202,7 +199,7 @@ def lower_block(low: Lowering, blk: Block, outer: Scope) -> list[L.Stmt]:
 
     acc, r = low.fresh("acc"), low.fresh("v")
     # The first operand's tiles go with mb (it reads M), the second's with nb.
-    if dm not in {n for a in d.reduction.ref(d.operands[0]).access for n in a.names}:
+    if dm not in uses(d.reduction.ref(d.operands[0])):
         raise IRError(f"{w.instruction}'s first operand does not read its M loop")
     operands = []
     steps: list[L.Stmt] = []

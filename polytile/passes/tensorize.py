@@ -80,7 +80,7 @@ from polytile.errors import UnsupportedError
 from polytile.ir import nodes as N
 from polytile.ir import polyhedra
 from polytile.isa import Description, descriptions
-from polytile.isa.inspect import Mapping, kinds, mappings, output, split, uses
+from polytile.isa.inspect import Mapping, kinds, mappings, output, splits, uses
 from polytile.passes.autotile import PARALLEL_MIN_WORK, work
 from polytile.passes.pack import unit_dim
 from polytile.passes.pipeline import between, count, flag, register
@@ -166,7 +166,7 @@ def _tiled(block: N.Block, tiles: list[Description], choice: Choice,
         return None
     for d in tiles:
         found = [m for m in mappings(block, d.name, d.reduction)
-                 if split(m) is not None and not m.broadcast]
+                 if splits(m) and not m.broadcast]
         if not found:
             continue
         found.sort(key=lambda m: -filled(block, d, m))     # stable: innermost loops first
